@@ -1,0 +1,3 @@
+from mtlflow.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,230 @@
+"""The benchmark abstraction.
+
+A benchmark is (1) a way to *prepare* its data into a directory with a manifest and content hash,
+(2) a way to *load* that directory into train/val/test splits, (3) task specifications (loss, metrics
+and for each metric whether higher is better) and (4) a model factory that builds a shared trunk with
+one head per task. The trainer, the CLI, the DVC stages and the Kubeflow components all go through
+this interface, so a new benchmark is one new file.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import Dataset
+
+from mtlflow import atomic
+from mtlflow.errors import DataError, InvalidParameterError
+from mtlflow.hashing import MANIFEST_NAME, directory_hash
+from mtlflow.taskmetrics import Metric
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task: its loss, its metrics and the metric used for Pareto sets and hypervolume.
+
+    ``loss(pred, target)`` returns the batch-mean loss. ``metrics`` are factories of
+    :class:`~mtlflow.taskmetrics.Metric`. ``hv_reference`` is the reference value of the primary
+    metric's error (see :func:`mtlflow.taskmetrics.metric_error`) used for the hypervolume.
+    """
+
+    name: str
+    loss: Callable[[Tensor, Tensor], Tensor]
+    metrics: tuple[type[Metric], ...]
+    primary: str
+    hv_reference: float
+
+    def metric_specs(self) -> dict[str, dict[str, bool]]:
+        specs = {m.name: {"higher_is_better": m.higher_is_better, "unit_interval": m.unit_interval}
+                 for m in self.metrics}
+        specs["loss"] = {"higher_is_better": False, "unit_interval": False}
+        return specs
+
+
+class MultiTaskModel(nn.Module):
+    """A shared trunk followed by one head per task.
+
+    ``forward(x)`` returns the list of per-task predictions. The split is explicit so that the
+    gradient engine can take per-task gradients with respect to :meth:`shared_parameters` (or to the
+    shared representation) and give every head its own gradient.
+    """
+
+    def __init__(self, trunk: nn.Module, heads: Sequence[nn.Module], task_names: Sequence[str]):
+        super().__init__()
+        if len(heads) != len(task_names):
+            raise ValueError("one head per task is required")
+        self.trunk = trunk
+        self.heads = nn.ModuleList(heads)
+        self.task_names = list(task_names)
+
+    def features(self, x: Any) -> Tensor:
+        return self.trunk(x)
+
+    def forward_heads(self, z: Tensor) -> list[Tensor]:
+        return [head(z) for head in self.heads]
+
+    def forward(self, x: Any) -> list[Tensor]:
+        return self.forward_heads(self.features(x))
+
+    def shared_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.trunk.parameters() if p.requires_grad]
+
+    def task_parameters(self, index: int) -> list[nn.Parameter]:
+        return [p for p in self.heads[index].parameters() if p.requires_grad]
+
+
+class MultiTaskTensorDataset(Dataset):
+    """``(x, (y_1, ..., y_K))`` samples from one input tensor and K target tensors."""
+
+    def __init__(self, inputs: Tensor, targets: Sequence[Tensor]):
+        if any(len(t) != len(inputs) for t in targets):
+            raise DataError("inputs and targets have different lengths; re-run prepare")
+        self.inputs = inputs
+        self.targets = list(targets)
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, idx: int) -> tuple[Tensor, tuple[Tensor, ...]]:
+        return self.inputs[idx], tuple(t[idx] for t in self.targets)
+
+
+@dataclass
+class BenchmarkData:
+    """Loaded splits of a prepared benchmark, with the content hash of the files they came from."""
+
+    splits: dict[str, Dataset]
+    content_hash: str
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ConfigField:
+    default: Any
+    help: str
+    check: Callable[[Any], bool] | None = None
+    requirement: str = ""
+
+
+class Benchmark:
+    """Base class of benchmarks; subclasses set the class attributes and implement the hooks."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    #: Preparation options with defaults, overridable from the CLI, params.yaml or the pipeline.
+    config_fields: ClassVar[dict[str, ConfigField]] = {}
+    #: Training defaults of the benchmark's recipe (epochs, batch_size, lr, ...).
+    train_defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, **config: Any):
+        unknown = sorted(set(config) - set(self.config_fields))
+        if unknown:
+            raise InvalidParameterError(
+                f"unknown option(s) {', '.join(unknown)} for benchmark {self.name!r}; "
+                f"valid: {', '.join(sorted(self.config_fields)) or 'none'}")
+        resolved = {k: f.default for k, f in self.config_fields.items()}
+        resolved.update({k: v for k, v in config.items() if v is not None})
+        for key, value in resolved.items():
+            spec = self.config_fields[key]
+            if spec.check is not None and not spec.check(value):
+                raise InvalidParameterError(
+                    f"benchmark {self.name!r} option {key}={value!r} is invalid: must be {spec.requirement}")
+        self.config = resolved
+
+    # -- to implement -------------------------------------------------------------------------
+    @property
+    def tasks(self) -> list[TaskSpec]:
+        raise NotImplementedError
+
+    def write_data(self, out_dir: Path) -> dict[str, Any]:
+        """Write the prepared files into ``out_dir``; return extra manifest fields (sources, sizes)."""
+        raise NotImplementedError
+
+    def read_splits(self, data_dir: Path) -> dict[str, Dataset]:
+        raise NotImplementedError
+
+    def make_model(self, task_names: Sequence[str] | None = None) -> MultiTaskModel:
+        raise NotImplementedError
+
+    # -- shared behaviour -----------------------------------------------------------------------
+    @property
+    def task_names(self) -> list[str]:
+        return [t.name for t in self.tasks]
+
+    def select_tasks(self, names: Sequence[str] | None) -> list[TaskSpec]:
+        if not names:
+            return self.tasks
+        by_name = {t.name: t for t in self.tasks}
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            raise InvalidParameterError(
+                f"unknown task(s) {', '.join(missing)} for benchmark {self.name!r}; valid tasks: "
+                f"{', '.join(by_name)}")
+        return [by_name[n] for n in names]
+
+    def unpack(self, batch: Any) -> tuple[Any, list[Tensor]]:
+        """Split a collated batch into model inputs and the list of per-task targets."""
+        inputs, targets = batch
+        return inputs, list(targets)
+
+    def prepare(self, out_dir: str | Path) -> dict[str, Any]:
+        """Write the benchmark data atomically into ``out_dir`` with a manifest and content hash."""
+        out_dir = Path(out_dir)
+        started = time.time()
+        with atomic.atomic_dir(out_dir) as tmp:
+            extra = self.write_data(tmp)
+            manifest = {
+                "benchmark": self.name,
+                "config": self.config,
+                "tasks": self.task_names,
+                "content_hash": directory_hash(tmp),
+                "created_unix": round(started, 3),
+                **extra,
+            }
+            atomic.write_json(tmp / MANIFEST_NAME, manifest)
+        return manifest
+
+    def load(self, data_dir: str | Path, verify: bool = True) -> BenchmarkData:
+        """Load prepared data, checking that it belongs to this benchmark and is intact."""
+        data_dir = Path(data_dir)
+        manifest = read_manifest(data_dir)
+        if manifest.get("benchmark") != self.name:
+            raise DataError(f"{data_dir} holds data of benchmark {manifest.get('benchmark')!r}, not "
+                            f"{self.name!r}; prepare it with `mtlflow prepare --benchmark {self.name}`")
+        if verify:
+            actual = directory_hash(data_dir)
+            if actual != manifest["content_hash"]:
+                raise DataError(f"data in {data_dir} does not match its manifest hash (corrupt or edited); "
+                                f"re-run `mtlflow prepare --benchmark {self.name} --out {data_dir}`")
+        return BenchmarkData(self.read_splits(data_dir), manifest["content_hash"], manifest)
+
+
+def read_manifest(data_dir: str | Path) -> dict[str, Any]:
+    data_dir = Path(data_dir)
+    path = data_dir / MANIFEST_NAME
+    if not path.is_file():
+        raise DataError(f"no prepared data in {data_dir}: expected {path}; create it with "
+                        f"`mtlflow prepare --benchmark NAME --out {data_dir}`")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise DataError(f"{path} is corrupt; re-run `mtlflow prepare` into {data_dir}") from None
+    if "content_hash" not in manifest or "benchmark" not in manifest:
+        raise DataError(f"{path} lacks benchmark/content_hash; re-run `mtlflow prepare` into {data_dir}")
+    return manifest
+
+
+def load_tensor_file(path: Path, what: str, fix: str) -> Any:
+    """``torch.load`` a prepared tensor file, turning a missing or corrupt file into a DataError."""
+    if not path.is_file():
+        raise DataError(f"{what} missing: expected {path}; {fix}")
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as exc:  # torch raises several unrelated types for truncated files
+        raise DataError(f"{what} {path} is corrupt ({type(exc).__name__}); {fix}") from None

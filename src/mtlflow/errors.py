@@ -1,0 +1,49 @@
+"""Errors that reach the user as one line and a non-zero exit code.
+
+Every error raised for bad input derives from :class:`MtlflowError`; the CLI prints
+``mtlflow: error: <message>`` and exits with ``exit_code``. Messages name the problem and the fix.
+"""
+
+from __future__ import annotations
+
+
+class MtlflowError(Exception):
+    """Base class of user-facing errors."""
+
+    exit_code = 1
+
+
+class UsageError(MtlflowError):
+    """Unknown names or invalid parameters (exit code 2, like argparse)."""
+
+    exit_code = 2
+
+
+class UnknownNameError(UsageError):
+    """An unknown method, benchmark or other registered name."""
+
+    def __init__(self, kind: str, name: str, valid: list[str]):
+        self.kind, self.name, self.valid = kind, name, list(valid)
+        super().__init__(f"unknown {kind} {name!r}; valid {kind}s: {', '.join(self.valid)}")
+
+
+class InvalidParameterError(UsageError):
+    """A hyper-parameter or configuration value outside its allowed range."""
+
+
+class DataError(MtlflowError):
+    """Missing, corrupt or mismatched data (exit code 3)."""
+
+    exit_code = 3
+
+
+class NonFiniteLossError(MtlflowError):
+    """A task loss became NaN or infinite during training (exit code 4)."""
+
+    exit_code = 4
+
+
+class SolverError(MtlflowError):
+    """A numerical solver is missing or did not converge (exit code 5)."""
+
+    exit_code = 5

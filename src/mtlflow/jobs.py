@@ -1,0 +1,231 @@
+"""The four jobs of mtlflow -- prepare, train, evaluate, aggregate -- as plain functions.
+
+The CLI, the DVC stages and the Kubeflow components all call these, so the three execution modes
+run the same code.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from mtlflow import atomic, benchmarks
+from mtlflow.benchmarks.base import read_manifest
+from mtlflow.errors import DataError, InvalidParameterError
+from mtlflow.train import TrainConfig, Trainer, load_model
+
+
+def prepare(benchmark: str, out_dir: str | Path, **config: Any) -> dict[str, Any]:
+    """Build ``benchmark``'s data into ``out_dir``; returns the manifest (with ``content_hash``)."""
+    bench = benchmarks.build(benchmark, **config)
+    return bench.prepare(out_dir)
+
+
+def load_prepared(data_dir: str | Path, verify: bool = True, expected_hash: str | None = None):
+    """Benchmark object and loaded splits of a prepared data directory."""
+    manifest = read_manifest(data_dir)
+    if expected_hash is not None and manifest["content_hash"] != expected_hash:
+        raise DataError(f"data in {data_dir} has hash {manifest['content_hash'][:12]}, expected "
+                        f"{expected_hash[:12]}; use the data version the run was configured with")
+    bench = benchmarks.build(manifest["benchmark"], **manifest.get("config", {}))
+    return bench, bench.load(data_dir, verify=verify)
+
+
+def train_config(bench_defaults: Mapping[str, Any], **overrides: Any) -> TrainConfig:
+    """A :class:`TrainConfig` from the benchmark's recipe, overridden by non-None ``overrides``."""
+    fields = set(TrainConfig.__dataclass_fields__)
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise InvalidParameterError(f"unknown training option(s): {', '.join(unknown)}")
+    values = {k: v for k, v in bench_defaults.items() if k in fields}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    config = TrainConfig(**values)
+    config.validate()
+    return config
+
+
+def train(data_dir: str | Path, out_dir: str | Path, method: str = "ls", seed: int = 0,
+          hparams: Mapping[str, Any] | None = None, tasks: Sequence[str] | None = None,
+          resume: bool = False, progress: bool = True, expected_hash: str | None = None,
+          **overrides: Any) -> dict[str, Any]:
+    """Train ``method`` on prepared data; writes the run directory ``out_dir``.
+
+    Hyper-parameters and options are validated before any data is loaded or model built.
+    """
+    from mtlflow import methods
+
+    manifest = read_manifest(data_dir)
+    bench = benchmarks.build(manifest["benchmark"], **manifest.get("config", {}))
+    selected = bench.select_tasks(list(tasks) if tasks else None)
+    methods.build(method, len(selected), **dict(hparams or {}))  # validate early, before loading data
+    config = train_config(bench.train_defaults, method=method, seed=seed, hparams=dict(hparams or {}),
+                          tasks=list(tasks) if tasks else None, **overrides)
+    _, data = load_prepared(data_dir, expected_hash=expected_hash)
+    trainer = Trainer(bench, data, config, out_dir, progress=progress)
+    result = trainer.fit(resume=resume)
+    return {"run_dir": str(out_dir), **result}
+
+
+def evaluate(run_dir: str | Path, data_dir: str | Path, split: str = "test",
+             out_file: str | Path | None = None) -> dict[str, Any]:
+    """Evaluate the final model of ``run_dir`` on ``split`` of ``data_dir``; writes ``evaluation.json``."""
+    from mtlflow.evaluation import evaluate_model
+
+    run_dir = Path(run_dir)
+    bench, model, blob = load_model(run_dir / "model.pt")
+    _, data = load_prepared(data_dir)
+    if data.content_hash != blob["data_hash"]:
+        raise DataError(f"run {run_dir} was trained on data {blob['data_hash'][:12]} but {data_dir} holds "
+                        f"{data.content_hash[:12]}; evaluate with the same prepared data")
+    if split not in data.splits:
+        raise InvalidParameterError(f"unknown split {split!r}; valid: {', '.join(data.splits)}")
+    tasks = bench.select_tasks(blob["tasks"])
+    index = [bench.task_names.index(t.name) for t in tasks]
+    values = evaluate_model(model, bench, data.splits[split], tasks, index)
+    result = {"run": str(run_dir), "benchmark": bench.name, "method": blob["method"], "split": split,
+              "data_hash": data.content_hash, "tasks": [t.name for t in tasks],
+              "metric_specs": {t.name: t.metric_specs() for t in tasks}, "metrics": values}
+    atomic.write_json(out_file or run_dir / "evaluation.json", result)
+    return result
+
+
+# -- aggregation ---------------------------------------------------------------------------------
+
+def read_run(run_dir: str | Path) -> dict[str, Any]:
+    """``run.json`` and ``metrics.json`` of a completed run."""
+    run_dir = Path(run_dir)
+    run = atomic.read_json(run_dir / "run.json", "run description")
+    metrics = atomic.read_json(run_dir / "metrics.json", "run metrics")
+    if run.get("status") != "completed" or "final" not in metrics:
+        raise DataError(f"run {run_dir} did not complete (status {run.get('status')!r}); "
+                        "finish it with `mtlflow train ... --resume` or drop it from the aggregate")
+    return {"dir": str(run_dir), "run": run, "metrics": metrics}
+
+
+def run_label(run: Mapping[str, Any]) -> str:
+    """Display name of a run's method: the method name plus its non-default hyper-parameters."""
+    config = run["config"]
+    label = config["method"]
+    if config.get("hparams"):
+        label += "(" + ",".join(f"{k}={v}" for k, v in sorted(config["hparams"].items())) + ")"
+    if config.get("teleport"):
+        label += f"+{config['teleport']}"
+    return label
+
+
+def build_references(reference_runs: Sequence[Mapping[str, Any]], split: str = "test") -> dict[str, Any]:
+    """Single-task reference metrics: per task, the mean over seeds of the selected final metrics."""
+    per_task: dict[str, list[Mapping[str, float]]] = {}
+    hashes, sources, specs = set(), [], {}
+    for ref in reference_runs:
+        tasks = ref["metrics"]["tasks"]
+        if len(tasks) != 1:
+            raise InvalidParameterError(f"reference run {ref['dir']} trains {len(tasks)} tasks; "
+                                        "references must be single-task runs (--tasks NAME)")
+        task = tasks[0]
+        per_task.setdefault(task, []).append(ref["metrics"]["final"][split][task])
+        specs[task] = ref["metrics"]["metric_specs"][task]
+        hashes.add(ref["run"]["data_hash"])
+        sources.append({"run": ref["dir"], "task": task, "seed": ref["run"]["config"]["seed"],
+                        "selection": ref["metrics"]["selection"]["rule"]})
+    if len(hashes) > 1:
+        raise DataError("reference runs were trained on different data versions; use one prepared dataset")
+    metrics = {task: {m: statistics.fmean(v[m] for v in values) for m in values[0]}
+               for task, values in per_task.items()}
+    return {"split": split, "data_hash": hashes.pop() if hashes else None, "metrics": metrics,
+            "metric_specs": specs, "sources": sources}
+
+
+def aggregate(run_dirs: Sequence[str | Path], out_dir: str | Path,
+              reference_dirs: Sequence[str | Path] = (), method_set: Sequence[str] | None = None,
+              split: str = "test") -> dict[str, Any]:
+    """Compare runs: per-method mean±std metrics, Δm%, mean rank, hypervolume, Pareto set, report."""
+    from mtlflow.report import write_report
+
+    if not run_dirs:
+        raise InvalidParameterError("aggregate needs at least one run directory")
+    runs = [read_run(d) for d in run_dirs]
+    refs = [read_run(d) for d in reference_dirs]
+    summary = summarise(runs, refs, method_set=method_set, split=split)
+    write_report(summary, runs, Path(out_dir))
+    return summary
+
+
+def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any]],
+              method_set: Sequence[str] | None = None, split: str = "test") -> dict[str, Any]:
+    from mtlflow.scoring import delta_m, hypervolume, mean_rank, pareto_mask
+    from mtlflow.taskmetrics import metric_error
+
+    benches = {r["run"]["benchmark"] for r in runs}
+    hashes = {r["run"]["data_hash"] for r in runs}
+    if len(benches) > 1:
+        raise InvalidParameterError(f"runs mix benchmarks {sorted(benches)}; aggregate one benchmark at a time")
+    if len(hashes) > 1:
+        raise DataError("runs were trained on different data versions; aggregate runs of one prepared dataset")
+    first = runs[0]["metrics"]
+    tasks, specs = first["tasks"], first["metric_specs"]
+    primary, hv_ref = first["primary_metrics"], first["hv_reference"]
+    references = build_references(refs, split) if refs else None
+    if references and references["data_hash"] not in hashes:
+        raise DataError("single-task references were trained on another data version than the runs")
+
+    by_method: dict[str, list[Mapping[str, Any]]] = {}
+    for r in runs:
+        if r["metrics"]["tasks"] != tasks:
+            raise InvalidParameterError(f"run {r['dir']} has tasks {r['metrics']['tasks']}, expected {tasks}")
+        by_method.setdefault(run_label(r["run"]), []).append(r)
+
+    declared = list(method_set) if method_set else sorted(by_method)
+    missing = [m for m in declared if m not in by_method]
+    if missing:
+        raise InvalidParameterError(f"declared method set names {missing} but no run has that method; "
+                                    f"runs have: {', '.join(sorted(by_method))}")
+    rows: dict[str, dict[str, Any]] = {}
+    for label, group in sorted(by_method.items()):
+        finals = [g["metrics"]["final"][split] for g in group]
+        mean = {t: {m: statistics.fmean(f[t][m] for f in finals) for m in finals[0][t]} for t in tasks}
+        std = {t: {m: (statistics.stdev([f[t][m] for f in finals]) if len(finals) > 1 else 0.0)
+                   for m in finals[0][t]} for t in tasks}
+        errors = [metric_error(mean[t][primary[t]], specs[t][primary[t]]["higher_is_better"],
+                               specs[t][primary[t]]["unit_interval"]) for t in tasks]
+        row: dict[str, Any] = {
+            "method": label, "seeds": sorted(g["run"]["config"]["seed"] for g in group),
+            "runs": [g["dir"] for g in group], "selection": sorted({g["metrics"]["selection"]["rule"] for g in group}),
+            "mean": mean, "std": std, "primary_errors": errors,
+            "hypervolume": hypervolume([errors], [hv_ref[t] for t in tasks]),
+            "step_seconds_median": statistics.fmean(g["metrics"]["epochs"][-1]["step_seconds_median"] for g in group),
+            "peak_memory_bytes": max(g["metrics"]["epochs"][-1]["peak_memory_bytes"] for g in group),
+        }
+        if references:
+            per_seed = [delta_m(f, references["metrics"], specs) for f in finals]
+            row["delta_m"] = statistics.fmean(per_seed)
+            row["delta_m_std"] = statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0
+            row["delta_m_per_seed"] = per_seed
+        rows[label] = row
+    ranks = mean_rank({m: rows[m]["mean"] for m in declared}, specs)
+    for m, r in ranks.items():
+        rows[m]["mean_rank"] = r
+    labels = sorted(rows)
+    points = [rows[m]["primary_errors"] for m in labels]
+    mask = pareto_mask(points)
+    for m, keep in zip(labels, mask):
+        rows[m]["pareto_optimal"] = bool(keep)
+    reference_point = [hv_ref[t] for t in tasks]
+    return {
+        "schema": 1,
+        "benchmark": benches.pop(),
+        "data_hash": hashes.pop(),
+        "split": split,
+        "tasks": tasks,
+        "metric_specs": specs,
+        "primary_metrics": primary,
+        "hypervolume_reference_point": reference_point,
+        "hypervolume_objective": "error of each task's primary metric (1 - value for bounded higher-is-better metrics)",
+        "hypervolume_all_methods": hypervolume(points, reference_point),
+        "pareto_set": [m for m, keep in zip(labels, mask) if keep],
+        "mean_rank_method_set": declared,
+        "selection_rules": sorted({r["metrics"]["selection"]["rule"] for r in runs}),
+        "references": references,
+        "methods": rows,
+    }

@@ -1,0 +1,64 @@
+"""Method registry.
+
+>>> from mtlflow import methods
+>>> "fairgrad" in methods.available()
+True
+>>> m = methods.build("fairgrad", n_tasks=2, alpha=2.0)
+
+Every method is one file citing its paper and equations; see :mod:`mtlflow.methods.base` for the
+API (``combine(grads, losses)`` for gradient methods, ``weights(losses)`` for loss weighting, and
+the trainer hooks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mtlflow.errors import UnknownNameError
+from mtlflow.methods.base import (GradientMethod, GradInput, GramianWeighting, HParam, LossWeighting, Method,
+                                  StepContext)
+from mtlflow.methods.fairgrad import FairGrad
+from mtlflow.methods.famo import FAMO
+from mtlflow.methods.ls import LinearScalarization
+from mtlflow.methods.mgda import MGDA
+
+__all__ = ["Method", "LossWeighting", "GradientMethod", "GramianWeighting", "GradInput", "HParam",
+           "StepContext", "MethodInfo", "available", "get", "build", "info"]
+
+_REGISTRY: dict[str, type[Method]] = {
+    cls.name: cls for cls in (LinearScalarization, MGDA, FAMO, FairGrad)
+}
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    name: str
+    family: str
+    cost: str
+    paper: str
+    equations: str
+    hparams: dict[str, tuple[Any, str]]
+
+
+def available() -> list[str]:
+    """Names of all registered methods, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> type[Method]:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownNameError("method", name, available()) from None
+
+
+def build(name: str, n_tasks: int, **hparams: Any) -> Method:
+    """Instantiate method ``name`` for ``n_tasks`` tasks, validating ``hparams``."""
+    return get(name)(n_tasks, **hparams)
+
+
+def info(name: str) -> MethodInfo:
+    cls = get(name)
+    return MethodInfo(cls.name, cls.family, cls.cost, cls.paper, cls.equations,
+                      {k: (h.default, h.help) for k, h in cls.hparams.items()})

@@ -1,0 +1,192 @@
+"""The method API shared by every multi-task optimiser in mtlflow.
+
+Three families share one base class, :class:`Method`:
+
+* :class:`LossWeighting` -- O(1) methods that only need the K task losses. They expose
+  :meth:`LossWeighting.weights` (the weights applied to the losses, for logging and tests) and
+  :meth:`LossWeighting.objective` (the scalar the trainer back-propagates).
+* :class:`GradientMethod` -- O(K) methods that combine per-task gradients. Their core is the pure
+  function :meth:`GradientMethod.combine` ``(grads [K, P], losses [K]) -> [P]``: the update direction
+  for the shared parameters before learning rate, global rescaling or clipping (the trainer applies
+  those once, identically for every method).
+* :class:`GramianWeighting` -- gradient methods whose direction is ``w @ grads`` with ``w`` a function
+  of the Gramian ``G Gᵀ`` only; the engine may then compute just the Gramian.
+
+Stateful methods use explicit trainer hooks: :meth:`Method.before_backward` (losses known, nothing
+differentiated yet) and :meth:`Method.after_optimizer_step` (parameters updated; ``ctx`` can
+re-evaluate the losses on the same batch). Their state goes through ``state_dict``/``load_state_dict``
+so checkpoints resume exactly.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+from torch import Tensor
+
+from mtlflow.errors import InvalidParameterError
+
+
+class GradInput(enum.Enum):
+    """What a method needs the gradient engine to compute."""
+
+    LOSSES = "losses"                  # nothing beyond the losses (loss weighting)
+    JACOBIAN = "jacobian"              # per-task gradients w.r.t. the shared parameters, [K, P]
+    GRAMIAN = "gramian"                # only G Gᵀ, [K, K]
+    REPRESENTATION = "representation"  # per-task gradients w.r.t. the shared features
+
+
+@dataclass(frozen=True)
+class HParam:
+    """A hyper-parameter: default, help text and the constraint it must satisfy."""
+
+    default: Any
+    help: str
+    check: Callable[[Any], bool] | None = None
+    requirement: str = ""
+    kind: type | None = None
+
+    def coerce(self, method: str, name: str, value: Any) -> Any:
+        kind = self.kind or (type(self.default) if self.default is not None else None)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if kind is not None and value is not None and not isinstance(value, kind):
+            raise InvalidParameterError(
+                f"{method}: hyper-parameter {name}={value!r} must be of type {kind.__name__}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidParameterError(f"{method}: hyper-parameter {name}={value!r} must be finite")
+        if self.check is not None and not self.check(value):
+            raise InvalidParameterError(
+                f"{method}: hyper-parameter {name}={value!r} is invalid; it must be {self.requirement}")
+        return value
+
+
+def positive(v: Any) -> bool:
+    return v > 0
+
+
+def non_negative(v: Any) -> bool:
+    return v >= 0
+
+
+def unit_interval(v: Any) -> bool:
+    return 0 <= v <= 1
+
+
+@dataclass
+class StepContext:
+    """What the trainer tells a method hook about the current step."""
+
+    step: int
+    epoch: int
+    losses: Tensor
+    recompute_losses: Callable[[], Tensor]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Method:
+    """Base class of every registered method. Subclasses set the class attributes below."""
+
+    name: ClassVar[str]
+    family: ClassVar[str]
+    cost: ClassVar[str]
+    paper: ClassVar[str]
+    equations: ClassVar[str] = ""
+    hparams: ClassVar[dict[str, HParam]] = {}
+    requires: ClassVar[GradInput] = GradInput.LOSSES
+    #: "mean" when the direction is on the scale of the *average* task gradient (a convex
+    #: combination): the trainer's global rescaling multiplies it by K to match Σ L_i.
+    natural_scale: ClassVar[str] = "sum"
+
+    def __init__(self, n_tasks: int, **hparams: Any):
+        if not isinstance(n_tasks, int) or n_tasks < 1:
+            raise InvalidParameterError(f"{self.name}: n_tasks must be a positive integer, got {n_tasks!r}")
+        unknown = sorted(set(hparams) - set(self.hparams))
+        if unknown:
+            valid = ", ".join(sorted(self.hparams)) or "none"
+            raise InvalidParameterError(
+                f"{self.name}: unknown hyper-parameter(s) {', '.join(unknown)}; valid: {valid}")
+        self.n_tasks = n_tasks
+        self.hp: dict[str, Any] = {}
+        for key, spec in self.hparams.items():
+            self.hp[key] = spec.coerce(self.name, key, hparams.get(key, spec.default))
+        #: weights applied in the last step (for logging), if the method has any
+        self.last_weights: Tensor | None = None
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def parameters(self) -> list[Tensor]:
+        """Learnable parameters of the method that the trainer's optimizer updates (e.g. UW)."""
+        return []
+
+    def before_backward(self, ctx: StepContext) -> None:
+        """Called once per step after the forward pass, before any gradient is taken."""
+
+    def after_optimizer_step(self, ctx: StepContext) -> None:
+        """Called once per step after ``optimizer.step()``."""
+
+    def on_epoch_end(self, epoch: int) -> None:
+        """Called after every training epoch."""
+
+    # -- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{self.name} has no state but received {sorted(state)}")
+
+    def to(self, device: torch.device | str) -> "Method":
+        return self
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.hp.items())
+        return f"{type(self).__name__}(n_tasks={self.n_tasks}{', ' if args else ''}{args})"
+
+
+class LossWeighting(Method):
+    """A method that reweights the losses; the gradient is that of :meth:`objective`."""
+
+    requires = GradInput.LOSSES
+    family = "loss-weighting"
+    cost = "O(1)"
+
+    def weights(self, losses: Tensor) -> Tensor:
+        """The weights (detached, ``[K]``) the method applies to the losses at this step."""
+        raise NotImplementedError
+
+    def objective(self, losses: Tensor) -> Tensor:
+        """The scalar the trainer back-propagates; by default Σ_i w_i L_i."""
+        w = self.weights(losses.detach())
+        self.last_weights = w
+        return (w * losses).sum()
+
+
+class GradientMethod(Method):
+    """A method that maps the per-task gradients to one update direction."""
+
+    requires = GradInput.JACOBIAN
+    family = "gradient-manipulation"
+    cost = "O(K)"
+
+    def combine(self, grads: Tensor, losses: Tensor) -> Tensor:
+        """Update direction ``[P]`` from per-task gradients ``[K, P]`` and losses ``[K]``."""
+        raise NotImplementedError
+
+
+class GramianWeighting(GradientMethod):
+    """A gradient method whose direction is ``w @ grads`` with ``w = f(G Gᵀ, losses)``."""
+
+    requires = GradInput.GRAMIAN
+
+    def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def combine(self, grads: Tensor, losses: Tensor) -> Tensor:
+        gramian = grads @ grads.T
+        w = self.weights_from_gramian(gramian, losses).to(grads.dtype)
+        self.last_weights = w.detach()
+        return w @ grads

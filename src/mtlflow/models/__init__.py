@@ -1,0 +1,1 @@
+"""Network architectures used by the benchmarks."""

@@ -1,0 +1,95 @@
+"""Streaming per-task metrics.
+
+Each metric accumulates over batches (``update``) and reports one float (``compute``). Whether higher
+is better is part of the metric, so Δm%, mean rank and hypervolume can orient every value.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+from torch import Tensor
+
+
+class Metric:
+    """Base class: ``reset``, ``update(pred, target)``, ``compute() -> float``."""
+
+    name: ClassVar[str]
+    higher_is_better: ClassVar[bool]
+    #: True when the value lies in [0, 1] so that its error is ``1 - value`` (accuracy, F1, IoU).
+    unit_interval: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def update(self, pred: Tensor, target: Tensor) -> None:
+        raise NotImplementedError
+
+    def compute(self) -> float:
+        raise NotImplementedError
+
+
+class Accuracy(Metric):
+    """Top-1 accuracy of class logits ``[B, C]`` against integer labels ``[B]``."""
+
+    name = "acc"
+    higher_is_better = True
+    unit_interval = True
+
+    def reset(self) -> None:
+        self.correct = 0
+        self.total = 0
+
+    def update(self, pred: Tensor, target: Tensor) -> None:
+        self.correct += int((pred.argmax(dim=-1) == target).sum())
+        self.total += int(target.numel())
+
+    def compute(self) -> float:
+        return self.correct / max(self.total, 1)
+
+
+class MeanAbsoluteError(Metric):
+    name = "mae"
+    higher_is_better = False
+
+    def reset(self) -> None:
+        self.sum = 0.0
+        self.count = 0
+
+    def update(self, pred: Tensor, target: Tensor) -> None:
+        self.sum += float((pred.reshape(target.shape) - target).abs().sum())
+        self.count += int(target.numel())
+
+    def compute(self) -> float:
+        return self.sum / max(self.count, 1)
+
+
+class ObjectiveValue(Metric):
+    """The mean of the prediction itself: for analytic problems whose 'prediction' is the loss."""
+
+    name = "value"
+    higher_is_better = False
+
+    def reset(self) -> None:
+        self.sum = 0.0
+        self.count = 0
+
+    def update(self, pred: Tensor, target: Tensor) -> None:
+        self.sum += float(pred.detach().sum())
+        self.count += int(pred.numel())
+
+    def compute(self) -> float:
+        return self.sum / max(self.count, 1)
+
+
+def metric_error(value: float, higher_is_better: bool, unit_interval: bool) -> float:
+    """Turn a metric value into an error (lower is better) for hypervolume and Pareto sets."""
+    if not higher_is_better:
+        return value
+    return 1.0 - value if unit_interval else -value
+
+
