@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 
-.PHONY: install demo test compile clean
+.PHONY: install demo test compile clean image
 
 # pip only: it is the one installer that sees the machine's local wheel cache (torch is a 5.5 GB CUDA build).
 $(STAMP): requirements.txt constraints.txt pyproject.toml
@@ -28,3 +28,7 @@ compile: install
 
 clean:
 	rm -rf build demo runs .pytest_cache
+
+IMAGE ?= ghcr.io/mtlflow/mtlflow-python:0.1.0
+image:
+	docker build -t $(IMAGE) .

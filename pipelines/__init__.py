@@ -1,0 +1,1 @@
+"""Kubeflow pipeline definitions (``main``), compilation and local execution."""

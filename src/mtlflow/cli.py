@@ -20,17 +20,27 @@ import yaml
 from mtlflow.errors import InvalidParameterError, MtlflowError
 
 
+def parse_value(raw: str) -> Any:
+    """A command-line value: int, float (``1e-3`` too), JSON, then YAML (``[a, b]``), else the string."""
+    for convert in (int, float, json.loads):
+        try:
+            return convert(raw)
+        except ValueError:
+            pass
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
 def parse_assignments(items: Sequence[str] | None, what: str) -> dict[str, Any]:
-    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}`` with YAML scalars (numbers, booleans, null)."""
+    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}`` with typed values (see :func:`parse_value`)."""
     out: dict[str, Any] = {}
     for item in items or []:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise InvalidParameterError(f"{what} {item!r} must look like KEY=VALUE")
-        try:
-            out[key.replace("-", "_")] = yaml.safe_load(raw) if raw else ""
-        except yaml.YAMLError:
-            out[key.replace("-", "_")] = raw
+        out[key.replace("-", "_")] = parse_value(raw) if raw else ""
     return out
 
 
@@ -112,14 +122,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.data is None and args.benchmark is None:
         raise InvalidParameterError("give --benchmark NAME (data prepared into the cache) or --data DIR")
     hparams = parse_assignments(args.hp, "--hp")
-    if args.benchmark is not None:
-        bench = benchmarks.build(args.benchmark, **_bench_config(args))
-        selected = bench.select_tasks(_csv(args.tasks))
-        methods.build(args.method, len(selected), **hparams)  # reject bad input before preparing data
-    data_dir = Path(args.data) if args.data else cached_data_dir(args.benchmark, _bench_config(args))
     overrides = dict(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
                      weight_decay=args.weight_decay, clip_grad_norm=args.clip_grad_norm,
                      select=args.select, max_steps_per_epoch=args.max_steps_per_epoch, device=args.device)
+    if args.benchmark is not None:
+        # reject bad input before preparing any data
+        bench = benchmarks.build(args.benchmark, **_bench_config(args))
+        selected = bench.select_tasks(_csv(args.tasks))
+        methods.build(args.method, len(selected), **jobs.resolved_hparams(bench, args.method, hparams))
+        jobs.train_config(bench.train_defaults, method=args.method, **overrides)
+    data_dir = Path(args.data) if args.data else cached_data_dir(args.benchmark, _bench_config(args))
     result = jobs.train(data_dir, args.out, method=args.method, seed=args.seed, hparams=hparams,
                         tasks=_csv(args.tasks), resume=args.resume, progress=not args.no_progress, **overrides)
     final = result["final"]["test"]
@@ -157,6 +169,21 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     params = runner.load_params(args.params_file, parse_assignments(args.param, "--param"))
     report = runner.run_local(params, workdir=args.workdir, pipeline=args.pipeline)
     print(f"report: {report}")
+    return 0
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    from mtlflow import stages
+
+    params = stages.load_params(args.params)
+    if args.stage == "prepare":
+        stages.stage_prepare(params)
+    elif args.stage == "train":
+        stages.stage_train(params, args.method, args.seed)
+    elif args.stage == "reference":
+        stages.stage_reference(params, args.task, args.seed)
+    else:
+        stages.stage_aggregate(params)
     return 0
 
 
@@ -234,6 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--pipeline", default="main")
     q.add_argument("--out", required=True)
     p.set_defaults(func=cmd_pipeline)
+
+    p = sub.add_parser("stage", help="run one DVC stage of dvc.yaml (reads params.yaml)")
+    p.add_argument("stage", choices=["prepare", "train", "reference", "aggregate"])
+    p.add_argument("--method")
+    p.add_argument("--task")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--params", default="params.yaml")
+    p.set_defaults(func=cmd_stage)
     return parser
 
 

@@ -18,16 +18,26 @@ def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def file_hashes(root: str | os.PathLike, exclude: tuple[str, ...] = (MANIFEST_NAME,)) -> dict[str, str]:
+    """``{relative path: sha256}`` of every file under ``root`` (hidden files and ``exclude`` skipped)."""
+    root = Path(root)
+    out = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root)
+        if rel.as_posix() in exclude or any(part.startswith(".") for part in rel.parts):
+            continue
+        out[rel.as_posix()] = file_sha256(path)
+    return out
+
+
+def combine_hashes(hashes: dict[str, str]) -> str:
+    """One SHA-256 over sorted (path, file hash) pairs."""
+    digest = hashlib.sha256()
+    for rel in sorted(hashes):
+        digest.update(f"{rel}\0{hashes[rel]}\n".encode())
+    return digest.hexdigest()
+
+
 def directory_hash(root: str | os.PathLike, exclude: tuple[str, ...] = (MANIFEST_NAME,)) -> str:
     """SHA-256 over the relative paths and contents of every file under ``root``, sorted."""
-    root = Path(root)
-    digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        if rel in exclude or any(part.startswith(".") for part in path.relative_to(root).parts):
-            continue
-        digest.update(rel.encode())
-        digest.update(b"\0")
-        digest.update(file_sha256(path).encode())
-        digest.update(b"\n")
-    return digest.hexdigest()
+    return combine_hashes(file_hashes(root, exclude))

@@ -32,6 +32,11 @@ def load_prepared(data_dir: str | Path, verify: bool = True, expected_hash: str 
     return bench, bench.load(data_dir, verify=verify)
 
 
+def resolved_hparams(bench, method: str, hparams: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The benchmark's defaults for ``method`` overridden by the user's hyper-parameters."""
+    return {**bench.method_defaults(method), **dict(hparams or {})}
+
+
 def train_config(bench_defaults: Mapping[str, Any], **overrides: Any) -> TrainConfig:
     """A :class:`TrainConfig` from the benchmark's recipe, overridden by non-None ``overrides``."""
     fields = set(TrainConfig.__dataclass_fields__)
@@ -58,8 +63,9 @@ def train(data_dir: str | Path, out_dir: str | Path, method: str = "ls", seed: i
     manifest = read_manifest(data_dir)
     bench = benchmarks.build(manifest["benchmark"], **manifest.get("config", {}))
     selected = bench.select_tasks(list(tasks) if tasks else None)
-    methods.build(method, len(selected), **dict(hparams or {}))  # validate early, before loading data
-    config = train_config(bench.train_defaults, method=method, seed=seed, hparams=dict(hparams or {}),
+    hparams = resolved_hparams(bench, method, hparams)
+    methods.build(method, len(selected), **hparams)  # validate early, before loading data
+    config = train_config(bench.train_defaults, method=method, seed=seed, hparams=hparams,
                           tasks=list(tasks) if tasks else None, **overrides)
     _, data = load_prepared(data_dir, expected_hash=expected_hash)
     trainer = Trainer(bench, data, config, out_dir, progress=progress)

@@ -27,16 +27,25 @@ PARETO_X2 = -8.3552
 PARETO_X1_RANGE = (-7.0, 7.0)
 
 
+def _relu_inclusive(t: Tensor) -> Tensor:
+    """max(t, 0) with derivative 1 at t = 0, as torch.clamp had when the reference code was written.
+
+    torch 2.x gives clamp a zero derivative at its boundary, which would freeze every method at the
+    published start point (0, 0), where both gates are exactly at 0.
+    """
+    return torch.where(t >= 0, t, torch.zeros_like(t))
+
+
 def toy_losses(x: Tensor, scale: float = 0.1) -> Tensor:
     """Both objectives at ``x`` (shape ``[..., 2]``); returns ``[..., 2]``."""
     x1, x2 = x[..., 0], x[..., 1]
     lower = torch.as_tensor(LOWER, dtype=x.dtype, device=x.device)
     f1a = torch.log(torch.maximum((0.5 * (-x1 - 7) - torch.tanh(-x2)).abs(), lower)) + 6
     f2a = torch.log(torch.maximum((0.5 * (-x1 + 3) + torch.tanh(-x2) + 2).abs(), lower)) + 6
-    c1 = torch.clamp(torch.tanh(0.5 * x2), min=0)
+    c1 = _relu_inclusive(torch.tanh(0.5 * x2))
     f1b = ((-x1 + 7) ** 2 + 0.1 * (-x2 - 8) ** 2) / 10 - 20
     f2b = ((-x1 - 7) ** 2 + 0.1 * (-x2 - 8) ** 2) / 10 - 20
-    c2 = torch.clamp(torch.tanh(-0.5 * x2), min=0)
+    c2 = _relu_inclusive(torch.tanh(-0.5 * x2))
     return torch.stack([scale * (c1 * f1a + c2 * f1b), c1 * f2a + c2 * f2b], dim=-1)
 
 

@@ -79,6 +79,12 @@ class TrainConfig:
     max_steps_per_epoch: int | None = None
     device: str = "cpu"
 
+    def resolved_device(self) -> torch.device:
+        """``auto`` means the GPU when one is visible, else the CPU."""
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
     def validate(self) -> None:
         def bad(msg: str) -> None:
             raise InvalidParameterError(msg)
@@ -99,7 +105,15 @@ class TrainConfig:
             bad(f"clip_grad_norm must be > 0 when set, got {self.clip_grad_norm!r}")
         if self.max_steps_per_epoch is not None and self.max_steps_per_epoch < 1:
             bad(f"max_steps_per_epoch must be >= 1 when set, got {self.max_steps_per_epoch!r}")
-        parse_selection(self.select)
+        _, window = parse_selection(self.select)
+        if window > self.epochs:
+            bad(f"selection rule {self.select!r} averages {window} epochs but the run has only {self.epochs}")
+        try:
+            device = self.resolved_device()
+        except RuntimeError:
+            bad(f"device {self.device!r} is not valid; use auto, cpu or cuda[:N]")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            bad(f"device {self.device!r} requested but no CUDA GPU is visible; use --device auto or cpu")
 
     def fingerprint(self) -> str:
         """Hash of everything but ``epochs`` and ``device``: a resumed run must match it."""
@@ -139,9 +153,28 @@ def select_final(history: list[dict[str, Any]], rule: str) -> dict[str, dict[str
     return final
 
 
+def _reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:  # Linux: writing 5 to clear_refs resets the peak resident set size (VmHWM)
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
 def _peak_memory_bytes(device: torch.device) -> int:
+    """Peak memory since the last reset: CUDA allocator peak, or the process's peak RSS on the CPU."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
@@ -164,7 +197,7 @@ class Trainer:
         self.progress = progress
         self.tasks = bench.select_tasks(config.tasks)
         self.task_index = [bench.task_names.index(t.name) for t in self.tasks]
-        self.device = torch.device(config.device)
+        self.device = config.resolved_device()
         for split in ("train", *EVAL_SPLITS):
             if split not in data.splits:
                 raise DataError(f"prepared data lacks the {split!r} split; re-run `mtlflow prepare`")
@@ -295,8 +328,7 @@ class Trainer:
         weight_sums: Tensor | None = None
         cos_sum = torch.zeros(len(self.tasks), dtype=torch.float64)
         conflict_steps = cos_steps = 0
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
+        _reset_peak_memory(self.device)
         limit = self._steps_per_epoch()
         n_steps = 0
         for batch in self._loader(epoch):

@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 
 from mtlflow import atomic
 from mtlflow.errors import DataError, InvalidParameterError
-from mtlflow.hashing import MANIFEST_NAME, directory_hash
+from mtlflow.hashing import MANIFEST_NAME, combine_hashes, file_hashes
 from mtlflow.taskmetrics import Metric
 
 
@@ -152,6 +152,10 @@ class Benchmark:
     def make_model(self, task_names: Sequence[str] | None = None) -> MultiTaskModel:
         raise NotImplementedError
 
+    def method_defaults(self, method: str) -> dict[str, Any]:
+        """Benchmark-specific hyper-parameter defaults of ``method`` (from the papers' recipes)."""
+        return {}
+
     # -- shared behaviour -----------------------------------------------------------------------
     @property
     def task_names(self) -> list[str]:
@@ -179,11 +183,13 @@ class Benchmark:
         started = time.time()
         with atomic.atomic_dir(out_dir) as tmp:
             extra = self.write_data(tmp)
+            files = file_hashes(tmp)
             manifest = {
                 "benchmark": self.name,
                 "config": self.config,
                 "tasks": self.task_names,
-                "content_hash": directory_hash(tmp),
+                "content_hash": combine_hashes(files),
+                "files": files,
                 "created_unix": round(started, 3),
                 **extra,
             }
@@ -198,9 +204,13 @@ class Benchmark:
             raise DataError(f"{data_dir} holds data of benchmark {manifest.get('benchmark')!r}, not "
                             f"{self.name!r}; prepare it with `mtlflow prepare --benchmark {self.name}`")
         if verify:
-            actual = directory_hash(data_dir)
-            if actual != manifest["content_hash"]:
-                raise DataError(f"data in {data_dir} does not match its manifest hash (corrupt or edited); "
+            actual = file_hashes(data_dir)
+            if combine_hashes(actual) != manifest["content_hash"]:
+                recorded = manifest.get("files", {})
+                changed = sorted(n for n in set(actual) | set(recorded) if actual.get(n) != recorded.get(n))
+                what = ", ".join(str(data_dir / n) for n in changed) if recorded else f"files in {data_dir}"
+                verb = "does" if len(changed) == 1 else "do"
+                raise DataError(f"{what} {verb} not match its manifest hash (corrupt, missing or edited); "
                                 f"re-run `mtlflow prepare --benchmark {self.name} --out {data_dir}`")
         return BenchmarkData(self.read_splits(data_dir), manifest["content_hash"], manifest)
 

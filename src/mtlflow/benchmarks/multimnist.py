@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+import zlib
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -71,7 +72,7 @@ def _read_idx_bytes(path: Path) -> bytes:
         opener = gzip.open if head == b"\x1f\x8b" else open
         with opener(path, "rb") as fh:
             return fh.read()
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"cannot read MNIST file {path} ({exc}); download it again") from None
 
 

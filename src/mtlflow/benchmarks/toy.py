@@ -58,6 +58,12 @@ class Toy(Benchmark):
         return [TaskSpec(f"f{i + 1}", _objective_loss, (ObjectiveValue,), primary="value", hv_reference=30.0)
                 for i in range(2)]
 
+    def method_defaults(self, method: str) -> dict[str, Any]:
+        # The toy losses are negative; FAMO's official toy script bounds them by (-21·scale, -21).
+        if method == "famo":
+            return {"min_losses": [-21.0 * float(self.config["scale"]), -21.0]}
+        return {}
+
     def write_data(self, out_dir: Path) -> dict[str, Any]:
         (out_dir / "start.txt").write_text(" ".join(map(str, START_POINTS[self.config["start"]])) + "\n")
         return {"start_point": list(START_POINTS[self.config["start"]])}

@@ -52,7 +52,9 @@ class HParam:
 
     def coerce(self, method: str, name: str, value: Any) -> Any:
         kind = self.kind or (type(self.default) if self.default is not None else None)
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        if isinstance(value, bool) and kind is not bool:
+            raise InvalidParameterError(f"{method}: hyper-parameter {name}={value!r} must be a number, not a boolean")
+        if kind is float and isinstance(value, int):
             value = float(value)
         if kind is not None and value is not None and not isinstance(value, kind):
             raise InvalidParameterError(

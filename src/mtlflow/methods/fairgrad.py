@@ -33,7 +33,7 @@ class FairGrad(GramianWeighting):
 
     def __init__(self, n_tasks: int, **hparams: Any):
         super().__init__(n_tasks, **hparams)
-        #: max |GᵀG w - w^(-1/α)| of the last solve, for logging
+        #: max relative residual of GᵀG w = w^(-1/α) in the last solve, for logging
         self.last_residual: float | None = None
 
     def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mtlflow.errors import InvalidParameterError
 from mtlflow.methods.base import HParam, LossWeighting, StepContext, non_negative, positive
 
 
@@ -32,17 +33,29 @@ class FAMO(LossWeighting):
         "gamma": HParam(1e-3, "weight decay of the logits (0.01 CityScapes, 0.001 otherwise)",
                         non_negative, ">= 0"),
         "eps": HParam(1e-8, "ε added to L - L^min", positive, "> 0"),
+        "min_losses": HParam(None, "lower bounds L^min of the task losses (default 0; the toy problem "
+                             "uses [-21·scale, -21] as the official script)",
+                             lambda v: v is None or all(isinstance(x, (int, float)) for x in v),
+                             "a list of numbers, one per task", kind=list),
     }
 
     def __init__(self, n_tasks: int, **hparams: Any):
         super().__init__(n_tasks, **hparams)
         self.logits = torch.zeros(n_tasks, requires_grad=True)
-        self.min_losses = torch.zeros(n_tasks)
+        bounds = self.hp["min_losses"]
+        if bounds is not None and len(bounds) != n_tasks:
+            raise InvalidParameterError(f"famo: min_losses has {len(bounds)} entries for {n_tasks} tasks")
+        self.min_losses = torch.tensor(bounds if bounds is not None else [0.0] * n_tasks, dtype=torch.float64)
         self._optimizer = torch.optim.Adam([self.logits], lr=self.hp["w_lr"], weight_decay=self.hp["gamma"])
         self._losses_before: Tensor | None = None
 
     def _shifted(self, losses: Tensor) -> Tensor:
-        return losses - self.min_losses.to(losses) + self.hp["eps"]
+        shifted = losses - self.min_losses.to(losses) + self.hp["eps"]
+        if bool((shifted.detach() <= 0).any()):
+            raise InvalidParameterError(
+                f"famo: a loss fell below its lower bound (losses {losses.detach().tolist()}, min_losses "
+                f"{self.min_losses.tolist()}); set --hp min_losses=[...] below the attainable losses")
+        return shifted
 
     def task_weights(self) -> Tensor:
         """z = softmax(ξ)."""

@@ -98,23 +98,33 @@ def fairgrad_weights(gramian: Tensor, alpha: float, x0: np.ndarray | None = None
     """Solve GᵀG w = w^(-1/α) for w > 0 (Ban & Ji 2024, the α-fair optimality condition).
 
     Uses ``scipy.optimize.least_squares`` (trust-region reflective, bounds (0, ∞), w₀ = 1/K), as the
-    official implementation does. Returns the weights and the max-abs residual of the equation.
+    official implementation does. Returns the weights and the max relative residual
+    |(GᵀG w)_i - w_i^(-1/α)| / w_i^(-1/α).
     """
     from scipy.optimize import least_squares
 
     m = _as_numpy(gramian)
     k = m.shape[0]
+    # The equation is solved on the normalised Gramian Ã = A/s² (s² = mean diagonal) and mapped
+    # back: if Ã u = u^(-1/α) then w = t·u with t = s^(-2α/(α+1)) solves A w = w^(-1/α). Without
+    # this, scipy's absolute tolerances stop early for small gradients (late in training).
+    scale = float(np.mean(np.diag(m)))
+    if not scale > 0:
+        raise SolverError("FairGrad needs non-zero task gradients; all gradients are zero")
+    m_unit = m / scale
     start = np.full(k, 1.0 / k) if x0 is None else np.asarray(x0, dtype=np.float64)
 
-    def residual(w: np.ndarray) -> np.ndarray:
-        return m @ w - np.power(w, -1.0 / alpha)
+    def residual(u: np.ndarray) -> np.ndarray:
+        return m_unit @ u - np.power(u, -1.0 / alpha)
 
-    def jac(w: np.ndarray) -> np.ndarray:
-        return m + np.diag(np.power(w, -1.0 / alpha - 1.0) / alpha)
+    def jac(u: np.ndarray) -> np.ndarray:
+        return m_unit + np.diag(np.power(u, -1.0 / alpha - 1.0) / alpha)
 
     result = least_squares(residual, start, jac=jac, bounds=(0, np.inf), method="trf")
-    w = result.x
-    if not np.all(np.isfinite(w)):
+    u = result.x
+    if not np.all(np.isfinite(u)):
         raise SolverError("FairGrad's least-squares solve returned non-finite weights; "
                           "the task gradients may be zero or NaN")
-    return torch.from_numpy(w), float(np.max(np.abs(residual(w))))
+    w = u * scale ** (-alpha / (alpha + 1.0))
+    relative = np.abs(m @ w - np.power(w, -1.0 / alpha)) / np.power(w, -1.0 / alpha)
+    return torch.from_numpy(w), float(np.max(relative))

@@ -1,0 +1,27 @@
+"""plan_runs / plan_references: expand the sweep into JSON run specifications.
+
+Loop items are JSON strings rather than structs: struct numbers arrive as floats on some backends,
+and a string spec keeps every field exact.
+"""
+
+from typing import List
+
+from kfp import dsl
+
+from components.image import IMAGE
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def plan_runs(methods: List[str], seeds: List[int], method_hparams: dict) -> List[str]:
+    """One spec per (method, seed): ``{"method", "seed", "hparams"}``; methods are validated here."""
+    from mtlflow.pipeline_specs import plan_runs as plan
+
+    return plan(methods, seeds, method_hparams)
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def plan_references(tasks: List[str], seeds: List[int]) -> List[str]:
+    """One single-task reference spec per (task, seed): ``{"method": "ls", "tasks": [task], "seed"}``."""
+    from mtlflow.pipeline_specs import plan_references as plan
+
+    return plan(tasks, seeds)

@@ -1,0 +1,67 @@
+"""Expansion and validation of pipeline sweeps (used by the plan components, compile and submit).
+
+Kept free of kfp so that invalid parameters are rejected before anything is compiled or submitted.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, Sequence
+
+from mtlflow.errors import InvalidParameterError
+
+
+def from_struct(value: Any) -> Any:
+    """Undo the float conversion of protobuf structs: integral floats in dicts/lists become ints.
+
+    Pipeline parameters of type dict or list travel as ``google.protobuf.Struct``, which stores every
+    number as a double, so ``seeds=[0]`` arrives as ``[0.0]``. Float hyper-parameters are converted
+    back by :class:`mtlflow.methods.HParam`.
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [from_struct(v) for v in value]
+    if isinstance(value, dict):
+        return {k: from_struct(v) for k, v in value.items()}
+    return value
+
+
+def validate_sweep(methods: Sequence[str], seeds: Sequence[int], method_hparams: Mapping[str, Any] | None = None,
+                   epochs: int | None = None, n_tasks: int = 2) -> None:
+    """Reject unknown methods, empty lists, bad seeds, bad epochs and invalid hyper-parameters."""
+    from mtlflow import methods as registry
+
+    if not methods:
+        raise InvalidParameterError("the method list is empty; give at least one method")
+    if not seeds:
+        raise InvalidParameterError("the seed list is empty; give at least one seed")
+    if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in seeds):
+        raise InvalidParameterError(f"seeds must be non-negative integers, got {list(seeds)}")
+    if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
+        raise InvalidParameterError(f"epochs must be a positive integer, got {epochs!r}")
+    hparams = dict(method_hparams or {})
+    stray = sorted(set(hparams) - set(methods))
+    if stray:
+        raise InvalidParameterError(f"method_hparams names methods not in the sweep: {', '.join(stray)}")
+    for name in methods:
+        registry.build(name, n_tasks, **hparams.get(name, {}))
+
+
+def plan_runs(methods: Sequence[str], seeds: Sequence[int],
+              method_hparams: Mapping[str, Any] | None = None) -> list[str]:
+    seeds, method_hparams = from_struct(list(seeds)), from_struct(dict(method_hparams or {}))
+    validate_sweep(methods, seeds, method_hparams)
+    hparams = dict(method_hparams or {})
+    return [json.dumps({"method": m, "seed": int(s), "hparams": hparams.get(m, {})}, sort_keys=True)
+            for m in methods for s in seeds]
+
+
+def plan_references(tasks: Sequence[str], seeds: Sequence[int]) -> list[str]:
+    seeds = from_struct(list(seeds))
+    if not tasks:
+        raise InvalidParameterError("the benchmark has no tasks to train references for")
+    if not seeds:
+        raise InvalidParameterError("reference_seeds is empty; Δm% needs at least one single-task run per task")
+    return [json.dumps({"method": "ls", "seed": int(s), "hparams": {}, "tasks": [t]}, sort_keys=True)
+            for t in tasks for s in seeds]

