@@ -11,7 +11,7 @@ export DVC_NO_ANALYTICS := 1
 # pip only: it is the one installer that sees the machine's local wheel cache (torch is a 5.5 GB CUDA build).
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt -c constraints.txt
+	$(PY) -m pip install --disable-pip-version-check -qq -r requirements.txt -c constraints.txt
 	$(PY) -m pip install --disable-pip-version-check -q --no-deps -e .
 	touch $(STAMP)
 

@@ -15,7 +15,17 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-MNIST_DIR = REPO_ROOT / ".." / "shared" / "realdata" / "mnist"
+
+
+def realdata(*parts: str) -> Path:
+    """A path in the shared real-data folder, or skip the test with a clear message when it is absent."""
+    from mtlflow.realdata import candidates, realdata_path
+
+    path = realdata_path(*parts)
+    if path is None:
+        pytest.skip(f"real data {'/'.join(parts)} not found (looked in {', '.join(map(str, candidates()))}; "
+                    "set MTLFLOW_REALDATA to the shared realdata folder)")
+    return path
 
 #: Size of the MultiMNIST set used to check that training actually learns (see test_training.py).
 MULTIMNIST_SIZES = {"n_train": 10_000, "n_val": 500, "n_test": 1_000}

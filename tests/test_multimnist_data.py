@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MNIST_DIR, SMALL_SIZES
+from conftest import SMALL_SIZES, realdata
 from mtlflow import jobs
 from mtlflow.benchmarks.multimnist import (CANVAS, DIGIT, load_source_digits, overlay, read_idx_images,
                                            read_idx_labels)
@@ -104,9 +104,8 @@ def test_prepared_data_loads_with_expected_shapes(multimnist_small: Path) -> Non
 
 
 def test_mnist_dir_adds_ten_thousand_digits(tmp_path: Path) -> None:
-    if not (MNIST_DIR / "t10k-images-idx3-ubyte.gz").is_file():
-        pytest.skip(f"real MNIST IDX files not found in {MNIST_DIR.resolve()} (optional shared data)")
-    manifest = jobs.prepare("multimnist", tmp_path / "mm", mnist_dir=str(MNIST_DIR), **SMALL_SIZES)
+    mnist_dir = realdata("mnist", "t10k-images-idx3-ubyte.gz").parent
+    manifest = jobs.prepare("multimnist", tmp_path / "mm", mnist_dir=str(mnist_dir), **SMALL_SIZES)
     counts = [s["count"] for s in manifest["sources"]]
     assert counts == [5000, 10000]
     assert sum(manifest["source_digits"].values()) == 15000

@@ -37,17 +37,19 @@ def write_flat_grad(params: Sequence[Tensor], flat: Tensor, accumulate: bool = F
 
 
 def task_jacobian(losses: Sequence[Tensor], shared: Sequence[Tensor],
-                  task_params: Sequence[Sequence[Tensor]] | None = None) -> Tensor:
+                  task_params: Sequence[Sequence[Tensor]] | None = None, retain_graph: bool = False) -> Tensor:
     """Per-task gradients ``[K, P]`` of ``losses`` w.r.t. ``shared``.
 
     When ``task_params`` is given, the gradient of loss i w.r.t. ``task_params[i]`` is accumulated
-    into their ``.grad`` in the same autograd call.
+    into their ``.grad`` in the same autograd call. The graph is freed after the last task unless
+    ``retain_graph``.
     """
     k = len(losses)
     rows = []
     for i, loss in enumerate(losses):
         own = list(task_params[i]) if task_params is not None else []
-        grads = torch.autograd.grad(loss, list(shared) + own, retain_graph=i < k - 1, allow_unused=True)
+        grads = torch.autograd.grad(loss, list(shared) + own, retain_graph=retain_graph or i < k - 1,
+                                    allow_unused=True)
         rows.append(flatten(grads[:len(shared)], shared))
         for p, g in zip(own, grads[len(shared):]):
             if g is None:

@@ -48,10 +48,11 @@ import mtlflow
 from mtlflow import atomic
 from mtlflow import methods as method_registry
 from mtlflow.benchmarks.base import Benchmark, BenchmarkData
+from mtlflow.callbacks import Callback, StepState
 from mtlflow.errors import DataError, InvalidParameterError, NonFiniteLossError
 from mtlflow.evaluation import evaluate_model
 from mtlflow.grad_engine import task_jacobian, write_flat_grad
-from mtlflow.methods.base import GradientMethod, GradInput, LossWeighting, Method, StepContext
+from mtlflow.methods.base import GradientMethod, Method, StepContext
 from mtlflow.seeding import capture_rng_state, epoch_generator, restore_rng_state, seed_everything
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -190,7 +191,7 @@ class Trainer:
     """Train one method on one prepared benchmark into one run directory."""
 
     def __init__(self, bench: Benchmark, data: BenchmarkData, config: TrainConfig, out_dir: str | Path,
-                 progress: bool = True):
+                 progress: bool = True, callbacks: Sequence[Callback] = ()):
         config.validate()
         self.bench, self.data, self.config = bench, data, config
         self.out_dir = Path(out_dir)
@@ -205,6 +206,8 @@ class Trainer:
         self.model = bench.make_model([t.name for t in self.tasks]).to(self.device)
         self.method: Method = method_registry.build(config.method, len(self.tasks), **config.hparams)
         self.method.to(self.device)
+        self.callbacks: list[Callback] = list(callbacks)
+        self.method.setup(self)
         self.optimizer = self._build_optimizer()
         self.shared = self.model.shared_parameters()
         self.task_params = [self.model.task_parameters(i) for i in range(len(self.tasks))]
@@ -244,12 +247,34 @@ class Trainer:
                 f"non-finite loss ({', '.join(bad)}) at epoch {epoch}, step {self.global_step}; "
                 f"lower --lr, set --clip-grad-norm, or check the data")
 
+    def forward_losses(self, batch: Any) -> tuple[Tensor, list[Tensor]]:
+        """Per-task losses of ``batch`` as a stacked tensor and as the list of separate graph nodes."""
+        return self._losses(batch)
+
     def train_step(self, batch: Any, epoch: int) -> dict[str, Any]:
-        """One optimisation step on ``batch``; returns step telemetry."""
+        """One optimisation step on ``batch``; returns step telemetry (at least ``losses``)."""
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        stacked, losses = self._losses(batch)
-        self._check_finite(stacked, epoch)
+        if self.method.custom_step:
+            info = self.method.training_step(self, batch, epoch)
+            self.global_step += 1
+            return info
+        need_jacobian = isinstance(self.method, GradientMethod) or any(cb.needs_jacobian for cb in self.callbacks)
+        # A callback may change the parameters (a teleport) and ask for the step to be redone there.
+        for attempt in (0, 1):
+            self.optimizer.zero_grad(set_to_none=True)
+            stacked, losses = self._losses(batch)
+            self._check_finite(stacked, epoch)
+            grads = None
+            if need_jacobian:
+                gradient_method = isinstance(self.method, GradientMethod)
+                # heads get their plain gradients inside the loop only for gradient methods; a loss
+                # weighting method back-propagates its objective afterwards, so the graph is kept.
+                grads = task_jacobian(losses, self.shared, self.task_params if gradient_method else None,
+                                      retain_graph=not gradient_method)
+            state = StepState(epoch=epoch, step=self.global_step, batch=batch, losses=stacked.detach(), grads=grads)
+            if attempt == 0 and any([cb.after_gradients(self, state) for cb in self.callbacks]):
+                continue
+            break
 
         def recompute() -> Tensor:
             with torch.no_grad():
@@ -259,10 +284,7 @@ class Trainer:
         self.method.before_backward(ctx)
         info: dict[str, Any] = {"losses": stacked.detach()}
         k = len(self.tasks)
-        if isinstance(self.method, LossWeighting) or self.method.requires == GradInput.LOSSES:
-            self.method.objective(stacked).backward()
-        elif isinstance(self.method, GradientMethod):
-            grads = task_jacobian(losses, self.shared, self.task_params)
+        if isinstance(self.method, GradientMethod):
             t0 = time.perf_counter()
             direction = self.method.combine(grads, stacked.detach())
             info["solver_seconds"] = time.perf_counter() - t0
@@ -272,18 +294,23 @@ class Trainer:
             if self.config.rescale and self.method.natural_scale == "mean":
                 direction = direction * k
             write_flat_grad(self.shared, direction)
-            if k > 1:
-                cos = _cosines_to_mean(grads)
-                info["cosines"] = cos
-        else:  # pragma: no cover - registry guarantees one of the two families
-            raise TypeError(f"method {self.method.name} is neither loss weighting nor gradient based")
+            state.direction = direction
+        else:
+            self.method.objective(stacked).backward()
+        if grads is not None and k > 1:
+            info["cosines"] = _cosines_to_mean(grads)
         if self.config.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_grad_norm)
+        for cb in self.callbacks:
+            cb.before_optimizer_step(self, state)
         self.optimizer.step()
         self.method.after_optimizer_step(ctx)
+        for cb in self.callbacks:
+            cb.after_optimizer_step(self, state)
         self.global_step += 1
         if self.method.last_weights is not None:
             info["weights"] = self.method.last_weights.detach().to("cpu", torch.float64)
+        info.update(state.info)
         return info
 
     # -- epochs --------------------------------------------------------------------------------
@@ -293,6 +320,8 @@ class Trainer:
             start_epoch = self._load_checkpoint() + 1
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._write_run_json("running")
+        for cb in self.callbacks:
+            cb.on_train_start(self)
         bar = self._progress_bar(start_epoch)
         try:
             for epoch in range(start_epoch, self.config.epochs + 1):
@@ -305,6 +334,8 @@ class Trainer:
                 bar.close()
         result = self._finish()
         self._write_run_json("completed")
+        for cb in self.callbacks:
+            cb.on_train_end(self, result)
         return result
 
     def _steps_per_epoch(self) -> int:
@@ -329,6 +360,8 @@ class Trainer:
         cos_sum = torch.zeros(len(self.tasks), dtype=torch.float64)
         conflict_steps = cos_steps = 0
         _reset_peak_memory(self.device)
+        for cb in self.callbacks:
+            cb.on_epoch_start(self, epoch)
         limit = self._steps_per_epoch()
         n_steps = 0
         for batch in self._loader(epoch):
@@ -374,6 +407,8 @@ class Trainer:
             record["conflict_ratio"] = conflict_steps / cos_steps
             record["cosine_to_mean"] = {t.name: float(v) for t, v in zip(self.tasks, cos_sum / cos_steps)}
         self.method.on_epoch_end(epoch)
+        for cb in self.callbacks:
+            cb.on_epoch_end(self, record)
         self.history.append(record)
         self._write_metrics()
         self._save_checkpoint(epoch)
@@ -430,6 +465,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "method": self.method.state_dict(),
+            "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks},
             "rng": capture_rng_state(),
             "history": self.history,
         }, self.out_dir / "checkpoint.pt")
@@ -450,6 +486,8 @@ class Trainer:
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.method.load_state_dict(ckpt["method"])
+        for cb in self.callbacks:
+            cb.load_state_dict(ckpt.get("callbacks", {}).get(cb.name, {}))
         restore_rng_state(ckpt["rng"])
         self.history = list(ckpt["history"])
         self.global_step = int(ckpt["global_step"])

@@ -11,22 +11,31 @@ from __future__ import annotations
 from typing import Any
 
 from mtlflow.benchmarks.base import Benchmark, BenchmarkData, MultiTaskModel, TaskSpec
-from mtlflow.benchmarks.multimnist import MultiMNIST
-from mtlflow.benchmarks.toy import Toy
 from mtlflow.errors import UnknownNameError
 
-_REGISTRY: dict[str, type[Benchmark]] = {cls.name: cls for cls in (MultiMNIST, Toy)}
+_REGISTRY: dict[str, type[Benchmark]] | None = None
+
+
+def _registry() -> dict[str, type[Benchmark]]:
+    """Every benchmark module in this package, discovered once (one file per benchmark)."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        import mtlflow.benchmarks as package
+        from mtlflow.registry import discover
+
+        _REGISTRY = discover(package, Benchmark, skip=("base",))
+    return _REGISTRY
 
 __all__ = ["Benchmark", "BenchmarkData", "MultiTaskModel", "TaskSpec", "available", "get", "build"]
 
 
 def available() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(_registry())
 
 
 def get(name: str) -> type[Benchmark]:
     try:
-        return _REGISTRY[name]
+        return _registry()[name]
     except KeyError:
         raise UnknownNameError("benchmark", name, available()) from None
 

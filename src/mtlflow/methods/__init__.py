@@ -18,17 +18,22 @@ from typing import Any
 from mtlflow.errors import UnknownNameError
 from mtlflow.methods.base import (GradientMethod, GradInput, GramianWeighting, HParam, LossWeighting, Method,
                                   StepContext)
-from mtlflow.methods.fairgrad import FairGrad
-from mtlflow.methods.famo import FAMO
-from mtlflow.methods.ls import LinearScalarization
-from mtlflow.methods.mgda import MGDA
 
 __all__ = ["Method", "LossWeighting", "GradientMethod", "GramianWeighting", "GradInput", "HParam",
            "StepContext", "MethodInfo", "available", "get", "build", "info"]
 
-_REGISTRY: dict[str, type[Method]] = {
-    cls.name: cls for cls in (LinearScalarization, MGDA, FAMO, FairGrad)
-}
+_REGISTRY: dict[str, type[Method]] | None = None
+
+
+def _registry() -> dict[str, type[Method]]:
+    """Every method module in this package, discovered once (one file per method, no central list)."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        import mtlflow.methods as package
+        from mtlflow.registry import discover
+
+        _REGISTRY = discover(package, Method, skip=("base", "solvers"))
+    return _REGISTRY
 
 
 @dataclass(frozen=True)
@@ -43,12 +48,12 @@ class MethodInfo:
 
 def available() -> list[str]:
     """Names of all registered methods, sorted."""
-    return sorted(_REGISTRY)
+    return sorted(_registry())
 
 
 def get(name: str) -> type[Method]:
     try:
-        return _REGISTRY[name]
+        return _registry()[name]
     except KeyError:
         raise UnknownNameError("method", name, available()) from None
 

@@ -103,6 +103,9 @@ class Method:
     #: "mean" when the direction is on the scale of the *average* task gradient (a convex
     #: combination): the trainer's global rescaling multiplies it by K to match Σ L_i.
     natural_scale: ClassVar[str] = "sum"
+    #: True for methods that own the whole training step (bilevel, Pareto-front learning):
+    #: the trainer then calls :meth:`training_step` instead of its standard step.
+    custom_step: ClassVar[bool] = False
 
     def __init__(self, n_tasks: int, **hparams: Any):
         if not isinstance(n_tasks, int) or n_tasks < 1:
@@ -120,6 +123,14 @@ class Method:
         self.last_weights: Tensor | None = None
 
     # -- hooks ---------------------------------------------------------------------------------
+    def setup(self, trainer: Any) -> None:
+        """Called once after the model is built and before the optimizer is created; a method may
+        modify ``trainer.model`` here (e.g. inject adapters)."""
+
+    def training_step(self, trainer: Any, batch: Any, epoch: int) -> dict[str, Any]:
+        """The whole step for ``custom_step`` methods; returns telemetry with at least ``losses``."""
+        raise NotImplementedError(f"{self.name} does not define its own training step")
+
     def parameters(self) -> list[Tensor]:
         """Learnable parameters of the method that the trainer's optimizer updates (e.g. UW)."""
         return []
