@@ -1,38 +1,57 @@
-# One image for every mtlflow component: CUDA-capable torch 2.14.1 + torchvision 0.29.1, the project,
-# and kfp 2.17.0 (the same kfp that compiles the pipelines). No secrets; runs as a non-root user.
+# syntax=docker/dockerfile:1
+# One image for every mtlflow component and training job: CUDA-capable torch 2.14.1 + torchvision
+# 0.29.1 (the PyPI wheels bundle the CUDA runtime; the node's NVIDIA driver does the rest), the
+# project, and kfp 2.17.0 -- the kfp that compiles the pipelines. No secrets: DVC/S3 credentials
+# reach the pods as environment variables from the mtlflow-dvc-remote Secret at run time.
 #
-# Build (needs a Python 3.11 base image and a pip index with the CUDA torch wheels):
-#   make image            # = docker build -t $(IMAGE) .
-# Where no registry is reachable, pre-download wheels on the host
-# into ./wheels (`pip download -d wheels -r requirements.txt -c constraints.txt`) and build with
-# `--build-arg PIP_OPTIONS="--no-index --find-links /tmp/wheels"` and `--network none`.
-ARG BASE_IMAGE=python:3.11-slim-bookworm
+# Build and push (see README "Run on a cluster"):
+#   make image IMAGE=registry.example.com/mtlflow/mtlflow-python:0.1.0 GIT_REV=$(git rev-parse HEAD)
+#   docker push registry.example.com/mtlflow/mtlflow-python:0.1.0
+# Offline / behind a TLS-intercepting proxy: pre-download the wheels on the host, then build
+# without network:
+#   pip download -d wheels -r requirements.txt -c constraints.txt "setuptools>=68" wheel
+#   make image DOCKER_BUILD_ARGS='--network none --build-arg PIP_OPTIONS="--no-index --find-links /tmp/wheels"'
+# Pin the base by digest in production: --build-arg BASE_IMAGE=python:3.11.7-slim-bookworm@sha256:<digest>
+ARG BASE_IMAGE=python:3.11.7-slim-bookworm
 FROM ${BASE_IMAGE}
 
 ARG PIP_OPTIONS=""
+ARG GIT_REV=unknown
+LABEL org.opencontainers.image.title="mtlflow" \
+      org.opencontainers.image.description="Multi-task learning methods, benchmarks and Kubeflow pipelines" \
+      org.opencontainers.image.revision="${GIT_REV}"
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
     DVC_NO_ANALYTICS=1 \
-    MTLFLOW_CACHE=/var/cache/mtlflow
+    MTLFLOW_CACHE=/var/cache/mtlflow \
+    MTLFLOW_GIT_REV=${GIT_REV}
+
+# No apt packages: everything comes from pip wheels (DVC runs git-less, the code revision is
+# MTLFLOW_GIT_REV), so the build also works with --network none.
+RUN useradd --create-home --uid 1000 --user-group mtlflow \
+    && mkdir -p /var/cache/mtlflow /opt/mtlflow \
+    && chown mtlflow:mtlflow /var/cache/mtlflow
 
 WORKDIR /opt/mtlflow
 COPY requirements.txt constraints.txt ./
-# wheels/ is empty in git; fill it for offline builds (see above)
-COPY wheels /tmp/wheels
-RUN pip install --no-cache-dir ${PIP_OPTIONS} -r requirements.txt -c constraints.txt && rm -rf /tmp/wheels
+# wheels/ holds only .gitkeep in git; fill it for offline builds (see above). Bind-mounted, so the
+# wheels never end up in a layer.
+RUN --mount=type=bind,source=wheels,target=/tmp/wheels \
+    pip install ${PIP_OPTIONS} -r requirements.txt -c constraints.txt
 
 COPY pyproject.toml README.md ./
 COPY src ./src
 COPY components ./components
 COPY pipelines ./pipelines
-RUN pip install --no-cache-dir --no-deps . \
-    && useradd --create-home --uid 1000 mtlflow \
-    && mkdir -p /var/cache/mtlflow && chown mtlflow /var/cache/mtlflow
+RUN --mount=type=bind,source=wheels,target=/tmp/wheels \
+    pip install ${PIP_OPTIONS} --no-deps . && mtlflow --help > /dev/null
 
-USER 1000
-HEALTHCHECK CMD ["mtlflow", "--help"]
+USER 1000:1000
+WORKDIR /home/mtlflow
+HEALTHCHECK --interval=60s --timeout=30s --retries=3 CMD ["mtlflow", "--help"]
 ENTRYPOINT ["mtlflow"]
 CMD ["--help"]

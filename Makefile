@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 
-.PHONY: install demo test compile clean image
+.PHONY: install demo test test-deps compile clean image image-push
 
 # pip only: it is the one installer that sees the machine's local wheel cache (torch is a 5.5 GB CUDA build).
 $(STAMP): requirements.txt constraints.txt pyproject.toml
@@ -20,15 +20,28 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/mtlflow pipeline run --local --params-file pipelines/demo.yaml --workdir demo
 
-test: install
+test: install test-deps
 	$(PY) -m pytest -q -p no:cacheprovider
 
+# Debian's Prometheus Pushgateway and promtool for the observability tests (skipped when both exist).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+test-deps:
+	@command -v prometheus-pushgateway >/dev/null && command -v promtool >/dev/null || { \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus-pushgateway prometheus; }
+
 compile: install
-	$(VENV)/bin/mtlflow pipeline compile --out build/main_pipeline.yaml
+	MTLFLOW_IMAGE=$(IMAGE) $(VENV)/bin/mtlflow pipeline compile --all --out-dir build
 
 clean:
 	rm -rf build demo runs .pytest_cache
 
+# The project image (Dockerfile); MTLFLOW_IMAGE must name the same image when pipelines are compiled.
 IMAGE ?= ghcr.io/mtlflow/mtlflow-python:0.1.0
+GIT_REV ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+DOCKER_BUILD_ARGS ?=
 image:
-	docker build -t $(IMAGE) .
+	DOCKER_BUILDKIT=1 docker build $(DOCKER_BUILD_ARGS) --build-arg GIT_REV=$(GIT_REV) -t $(IMAGE) .
+
+image-push: image
+	docker push $(IMAGE)

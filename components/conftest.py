@@ -28,7 +28,9 @@ def train_artifacts(root, name):
     from kfp import dsl
 
     return dict(run=dsl.Artifact(uri=str(root / f"{name}-run")), model=dsl.Model(uri=str(root / f"{name}.pt")),
-                metrics=dsl.Metrics(uri=str(root / f"{name}-metrics.json")))
+                metrics=dsl.Metrics(uri=str(root / f"{name}-metrics.json")),
+                report=dsl.HTML(uri=str(root / f"{name}-report.html")),
+                summary=dsl.Markdown(uri=str(root / f"{name}-summary.md")))
 
 
 @pytest.fixture(scope="session")

@@ -1,1 +1,2 @@
-"""Kubeflow pipeline definitions (``main``), compilation and local execution."""
+"""Kubeflow pipeline definitions (``benchmark_sweep`` alias ``main``, ``retrain``, ``distributed_train``),
+their cluster settings (``cluster.py``), compilation and local execution (``runner.py``)."""

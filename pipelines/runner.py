@@ -1,7 +1,12 @@
 """Compile pipelines to IR YAML and run them locally with kfp.local's SubprocessRunner.
 
-Parameters are validated here, before compilation or execution, so an invalid sweep never reaches a
-cluster or requests a GPU.
+Parameters are validated here, before compilation, submission or execution, so an invalid sweep
+never reaches a cluster or requests a GPU.
+
+Pipelines: ``benchmark_sweep`` (alias ``main``, the ``make demo`` pipeline), ``retrain`` and
+``distributed_train`` (cluster only). Each is built by a factory ``(parallelism, storage_root)``:
+both are compile-time settings -- the cluster build uses :data:`PARALLELISM` and the PVC mount root
+``/mnt/mtlflow``; a local run uses the number of CPU cores and ``<workdir>/storage``.
 """
 
 from __future__ import annotations
@@ -18,28 +23,40 @@ import yaml
 from mtlflow import atomic
 from mtlflow.errors import InvalidParameterError, UnknownNameError
 
+ALIASES = {"main": "benchmark_sweep"}
+#: pipelines that kfp.local can run (distributed_train creates Kubernetes objects)
+LOCAL_PIPELINES = ("benchmark_sweep", "retrain")
 
-def pipeline_factories() -> dict[str, Callable[[int], Callable]]:
-    """Name -> factory building the pipeline for a given loop parallelism."""
-    from pipelines.main import build_main_pipeline
 
-    return {"main": build_main_pipeline}
+def pipeline_factories() -> dict[str, Callable[..., Callable]]:
+    """Name -> factory ``(parallelism, storage_root)`` building the pipeline."""
+    from pipelines.benchmark_sweep import build_benchmark_sweep
+    from pipelines.distributed_train import build_distributed_train
+    from pipelines.retrain import build_retrain
+
+    return {"benchmark_sweep": build_benchmark_sweep, "retrain": build_retrain,
+            "distributed_train": build_distributed_train}
+
+
+def canonical_name(name: str) -> str:
+    name = ALIASES.get(name, name)
+    factories = pipeline_factories()
+    if name not in factories:
+        raise UnknownNameError("pipeline", name, sorted([*factories, *ALIASES]))
+    return name
 
 
 def pipelines() -> dict[str, Callable]:
-    """Name -> pipeline as compiled for the cluster."""
-    from pipelines.main import PARALLELISM
-
-    return {name: factory(PARALLELISM) for name, factory in pipeline_factories().items()}
+    """Name -> pipeline as compiled for the cluster (aliases excluded)."""
+    return {name: factory() for name, factory in pipeline_factories().items()}
 
 
-def get_pipeline(name: str, parallelism: int | None = None) -> Callable:
-    from pipelines.main import PARALLELISM
+def get_pipeline(name: str, parallelism: int | None = None, storage_root: str | None = None) -> Callable:
+    from pipelines.benchmark_sweep import PARALLELISM
+    from mtlflow.storage import CLUSTER_ROOT
 
-    factories = pipeline_factories()
-    if name not in factories:
-        raise UnknownNameError("pipeline", name, sorted(factories))
-    return factories[name](parallelism or PARALLELISM)
+    factory = pipeline_factories()[canonical_name(name)]
+    return factory(parallelism or PARALLELISM, storage_root or CLUSTER_ROOT)
 
 
 def load_params(path: str | None, overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -56,29 +73,71 @@ def load_params(path: str | None, overrides: Mapping[str, Any]) -> dict[str, Any
     return params
 
 
+def _check_train_options(bench, method: str, epochs: Any, options: Mapping[str, Any]) -> None:
+    """Training options and epochs as the trainer will see them (the device is checked by name only:
+    the machine that validates -- CI, a laptop -- need not have the GPU the cluster has)."""
+    from mtlflow import jobs
+
+    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
+        raise InvalidParameterError(f"epochs must be a positive integer, got {epochs!r}")
+    if not isinstance(options, Mapping):
+        raise InvalidParameterError(f"train_options must be a mapping, got {options!r}")
+    device = str(options.get("device", "auto"))
+    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
+        raise InvalidParameterError(f"train_options.device {device!r} is not valid; use auto, cpu or cuda[:N]")
+    jobs.train_config(bench.train_defaults, method=method, epochs=epochs,
+                      **{k: v for k, v in options.items() if k != "device"})
+
+
 def validate_params(pipeline: str, params: Mapping[str, Any]) -> None:
-    """Check names and values of pipeline parameters before anything runs."""
+    """Check names and values of pipeline parameters before anything is compiled, submitted or run."""
     import inspect
 
-    from mtlflow import benchmarks
-    from mtlflow.pipeline_specs import validate_sweep
+    from mtlflow import benchmarks, dvc_io
+    from mtlflow.k8s_jobs import KINDS
+    from mtlflow.pipeline_specs import from_struct, validate_sweep
 
-    func = get_pipeline(pipeline)
-    signature = inspect.signature(func.pipeline_func)
+    name = canonical_name(pipeline)
+    signature = inspect.signature(get_pipeline(name).pipeline_func)
     unknown = sorted(set(params) - set(signature.parameters))
     if unknown:
-        raise InvalidParameterError(f"unknown pipeline parameter(s) {', '.join(unknown)}; valid: "
+        raise InvalidParameterError(f"unknown {name} parameter(s) {', '.join(unknown)}; valid: "
                                     f"{', '.join(signature.parameters)}")
     merged = {k: p.default for k, p in signature.parameters.items()}
-    merged.update(params)
+    merged.update(from_struct(dict(params)))
     bench = benchmarks.build(merged["benchmark"], **merged.get("data_options") or {})
-    validate_sweep(merged["methods"], merged["seeds"], merged.get("method_hparams"), merged.get("epochs"),
-                   n_tasks=len(bench.task_names))
-    if not merged.get("reference_seeds"):
-        raise InvalidParameterError("reference_seeds is empty; Δm% needs at least one single-task run per task")
+    if merged.get("data_version"):
+        dvc_io.check_dir_hash(merged["data_version"])
+    if merged.get("pushgateway"):
+        from mtlflow.observability.prometheus import check_gateway_address
+
+        check_gateway_address(merged["pushgateway"])
+    if name == "benchmark_sweep":
+        validate_sweep(merged["methods"], merged["seeds"], merged.get("method_hparams"), merged.get("epochs"),
+                       n_tasks=len(bench.task_names))
+        if not merged.get("reference_seeds"):
+            raise InvalidParameterError("reference_seeds is empty; Δm% needs at least one single-task run per task")
+        methods = merged["methods"]
+    else:
+        if not isinstance(merged["method"], str) or not merged["method"]:
+            raise InvalidParameterError(f"method must be a method name, got {merged['method']!r}")
+        validate_sweep([merged["method"]], [merged["seed"]], {merged["method"]: merged.get("hparams") or {}},
+                       merged.get("epochs"), n_tasks=len(bench.task_names))
+        methods = [merged["method"]]
+    for method in methods:
+        _check_train_options(bench, method, merged["epochs"], merged.get("train_options") or {})
+    if name == "retrain" and not (isinstance(merged["min_improvement"], (int, float))
+                                  and merged["min_improvement"] >= 0):
+        raise InvalidParameterError(f"min_improvement must be a number >= 0, got {merged['min_improvement']!r}")
+    if name == "distributed_train":
+        if merged["job_kind"] not in KINDS:
+            raise InvalidParameterError(f"job_kind {merged['job_kind']!r} is not valid; use {' or '.join(KINDS)}")
+        for key in ("num_nodes", "gpus_per_node"):
+            if not isinstance(merged[key], int) or merged[key] < 1:
+                raise InvalidParameterError(f"{key} must be a positive integer, got {merged[key]!r}")
 
 
-def compile_pipeline(out: str | Path, pipeline: str = "main") -> Path:
+def compile_pipeline(out: str | Path, pipeline: str = "benchmark_sweep") -> Path:
     from kfp import compiler
 
     out = Path(out)
@@ -87,40 +146,111 @@ def compile_pipeline(out: str | Path, pipeline: str = "main") -> Path:
     return out
 
 
-def run_local(params: Mapping[str, Any], workdir: str | Path = "runs/pipeline", pipeline: str = "main") -> Path:
-    """Run ``pipeline`` with kfp.local (SubprocessRunner, no venv); returns the HTML report path."""
+def compile_all(out_dir: str | Path) -> list[Path]:
+    """Every pipeline's IR YAML as ``<out_dir>/<name>.yaml``."""
+    return [compile_pipeline(Path(out_dir) / f"{name}.yaml", pipeline=name) for name in pipeline_factories()]
+
+
+def _expected_tasks(name: str, pipeline_func: Callable, params: Mapping[str, Any]) -> int:
+    """How many tasks a local run executes (for the progress line's N/M and ETA)."""
+    import inspect
+
+    from mtlflow import benchmarks
+    from mtlflow.observability.progress import expected_tasks
+    from mtlflow.pipeline_specs import from_struct
+
+    merged = {k: p.default for k, p in inspect.signature(pipeline_func.pipeline_func).parameters.items()}
+    merged.update(from_struct(dict(params)))
+    bench = benchmarks.build(merged["benchmark"], **merged.get("data_options") or {})
+    return expected_tasks(name, merged, len(bench.task_names))
+
+
+def _latest_run_dir(artifact_root: Path, pipeline_func: Callable, started: float) -> Path:
+    prefix = pipeline_func.component_spec.name + "-"
+    runs = [p for p in artifact_root.glob(prefix + "*") if p.is_dir() and p.stat().st_mtime >= started - 1]
+    if not runs:
+        raise RuntimeError(f"kfp.local wrote no run directory {prefix}* under {artifact_root}")
+    return max(runs, key=lambda p: p.stat().st_mtime)
+
+
+def run_local(params: Mapping[str, Any], workdir: str | Path = "runs/pipeline", pipeline: str = "benchmark_sweep",
+              storage_root: str | Path | None = None) -> Path:
+    """Run ``pipeline`` with kfp.local (SubprocessRunner, no venv).
+
+    State that outlives a run -- DVC remote and cache, checkpoints, status records, the model store --
+    goes to ``storage_root`` (default ``<workdir>/storage``; reuse it so ``retrain`` sees the champion).
+    Returns ``<workdir>/report.html`` for ``benchmark_sweep`` and ``<workdir>/retrain.json`` (decision,
+    champion, status) for ``retrain``.
+    """
     from kfp import local
 
-    validate_params(pipeline, params)
+    from mtlflow.observability.progress import PipelineProgress
+    from mtlflow.storage import StorageLayout
+
+    name = canonical_name(pipeline)
+    if name not in LOCAL_PIPELINES:
+        raise InvalidParameterError(f"pipeline {name} creates Kubernetes jobs and runs only on a cluster; "
+                                    "submit it with `mtlflow pipeline submit --host URL`")
+    validate_params(name, params)
     # One torch thread per task and as many concurrent tasks as cores: oversubscribed intra-op
     # threads made a 4-way parallel CPU run 3-4x slower than this.
     cores = max(1, len(os.sched_getaffinity(0)))
-    previous_threads = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workdir / "artifacts"),
-               raise_on_error=True)
-    started = time.perf_counter()
+    layout = StorageLayout(str(Path(storage_root).resolve() if storage_root else workdir / "storage"))
+    pipeline_func = get_pipeline(name, parallelism=cores, storage_root=layout.root)
+    previous_threads = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    artifact_root = workdir / "artifacts"
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(artifact_root), raise_on_error=True)
+    progress = PipelineProgress(name, _expected_tasks(name, pipeline_func, params), artifact_root)
+    started = time.time()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), progress:
             warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
-            result = get_pipeline(pipeline, parallelism=cores)(**params)
+            pipeline_func(**params)
     finally:
         if previous_threads is None:
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
             os.environ["OMP_NUM_THREADS"] = previous_threads
-    seconds = time.perf_counter() - started
-    artifact = Path(result.output.path)
-    results = artifact.parent / "results"
-    # Stable, human-friendly copies next to the kfp.local artifact tree.
+    seconds = time.time() - started
+    run_dir = _latest_run_dir(artifact_root, pipeline_func, started)
+    status = atomic.read_json(Path(layout.status) / f"{run_dir.name}.json", "run status record")
+    summary = {"pipeline": name, "params": dict(params), "seconds": round(seconds, 1), "artifacts": str(run_dir),
+               "storage_root": layout.root, "status": status}
+    if name == "benchmark_sweep":
+        result = _collect_sweep(run_dir, workdir)
+    else:
+        result = _collect_retrain(run_dir, workdir, layout, params, summary)
+    atomic.write_json(workdir / "pipeline_run.json", summary)
+    print(f"pipeline {name} finished in {seconds:.1f} s")
+    return result
+
+
+def _collect_sweep(run_dir: Path, workdir: Path) -> Path:
+    """Stable, human-friendly copies of the report and results next to the kfp.local artifact tree."""
+    artifact = next(run_dir.rglob("aggregate/report"))
     report = workdir / "report.html"
     atomic.write_bytes(report, artifact.read_bytes())
+    results = artifact.parent / "results"
     if results.is_dir():
         with atomic.atomic_dir(workdir / "results") as tmp:
             shutil.copytree(results, tmp, dirs_exist_ok=True)
-    atomic.write_json(workdir / "pipeline_run.json", {"pipeline": pipeline, "params": dict(params),
-                                                     "seconds": round(seconds, 1), "artifact": str(artifact)})
-    print(f"pipeline {pipeline} finished in {seconds:.1f} s")
     return report
+
+
+def _collect_retrain(run_dir: Path, workdir: Path, layout, params: Mapping[str, Any],
+                     summary: dict[str, Any]) -> Path:
+    import json
+
+    from mtlflow import model_store
+
+    decision = json.loads(next(run_dir.rglob("compare-to-champion/executor_output.json")).read_text())
+    promoted = bool(decision["parameterValues"]["Output"])
+    benchmark = params.get("benchmark", "multimnist")
+    result = {"promoted": promoted, "champion": model_store.read_champion(layout.models, benchmark),
+              "model_store": layout.models, "status": summary["status"]}
+    path = workdir / "retrain.json"
+    atomic.write_json(path, result)
+    return path

@@ -90,3 +90,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
 
 def stderr_lines(proc: subprocess.CompletedProcess) -> list[str]:
     return [line for line in proc.stderr.splitlines() if line.strip()]
+
+
+# A real Prometheus Pushgateway and one exported training, shared by the observability tests.
+from prometheus_support import exported_sweep, pushgateway  # noqa: E402,F401

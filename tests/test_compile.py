@@ -1,4 +1,4 @@
-"""Every pipeline compiles; the IR carries the GPU request, the loop limit and no runtime pip."""
+"""Every pipeline compiles; the IR carries the project image, the GPU request, the loop limit and no runtime pip."""
 
 from __future__ import annotations
 
@@ -9,21 +9,21 @@ from pipelines import runner
 from pipelines.main import PARALLELISM
 
 
-def _executors(ir):
-    return ir["deploymentSpec"]["executors"]
+def _ir(path):
+    return next(yaml.safe_load_all(path.read_text()))
 
 
 def test_every_pipeline_compiles(tmp_path):
     for name in runner.pipelines():
-        out = runner.compile_pipeline(tmp_path / f"{name}.yaml", pipeline=name)
-        ir = yaml.safe_load(out.read_text())
+        ir = _ir(runner.compile_pipeline(tmp_path / f"{name}.yaml", pipeline=name))
         assert ir["pipelineInfo"]["name"].startswith("mtlflow")
 
 
 def test_main_pipeline_ir(tmp_path):
-    ir = yaml.safe_load(runner.compile_pipeline(tmp_path / "main.yaml").read_text())
-    executors = _executors(ir)
-    for name, spec in executors.items():
+    ir = _ir(runner.compile_pipeline(tmp_path / "main.yaml", pipeline="main"))
+    assert ir["pipelineInfo"]["name"] == "mtlflow-benchmark-sweep"
+    executors = ir["deploymentSpec"]["executors"]
+    for spec in executors.values():
         container = spec["container"]
         assert container["image"] == IMAGE
         assert "pip install" not in " ".join(container.get("command", []) + container.get("args", []))
@@ -32,8 +32,9 @@ def test_main_pipeline_ir(tmp_path):
     assert set(gpu) == {"exec-train", "exec-train-2"}
     for acc in gpu.values():
         assert acc["resourceType"] == "nvidia.com/gpu" and int(acc["resourceCount"]) == 1
-    loops = [c for c in ir["root"]["dag"]["tasks"].values() if "iteratorPolicy" in c]
+    loops = [t for c in ir["components"].values() for t in c.get("dag", {}).get("tasks", {}).values()
+             if "iteratorPolicy" in t]
     assert len(loops) == 2
-    assert all(c["iteratorPolicy"]["parallelismLimit"] == PARALLELISM for c in loops)
+    assert all(t["iteratorPolicy"]["parallelismLimit"] == PARALLELISM for t in loops)
     params = ir["root"]["inputDefinitions"]["parameters"]
     assert params["methods"]["defaultValue"] == ["ls", "mgda", "famo", "fairgrad"]

@@ -1,4 +1,7 @@
-"""`dvc repro` of the project's dvc.yaml on a tiny params.yaml, in a throw-away git+DVC repository."""
+"""The project's dvc.yaml on a tiny params.yaml in a throw-away git+DVC repository:
+`dvc exp run -S train.method=fairgrad` runs prepare -> train -> evaluate -> aggregate plus the
+research stage for the chosen method; then `dvc repro` is a no-op, and the prepared data survives a
+push to a local remote, a wiped cache and workspace, and a pull."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["DVC_NO_ANALYTICS"] = "1"
+    env["OMP_NUM_THREADS"] = "1"
     return env
 
 
@@ -26,21 +30,50 @@ def _run(args, cwd):
     return subprocess.run(args, cwd=cwd, env=_env(), check=True, capture_output=True, text=True)
 
 
+def _dvc(cwd, *args):
+    return _run([sys.executable, "-m", "dvc", *args], cwd)
+
+
 @pytest.mark.slow
-def test_dvc_repro_tiny(tmp_path):
-    shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+def test_dvc_exp_run_repro_push_pull_tiny(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copy(ROOT / "dvc.yaml", repo / "dvc.yaml")
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert "method" in params["train"] and "methods" in params["train"]
     params["prepare"]["options"] = {"n_train": 300, "n_val": 100, "n_test": 100}
-    params["train"].update(methods=["ls", "fairgrad"], epochs=1, options={"batch_size": 100})
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    _run(["git", "init", "-q"], tmp_path)
-    _run([sys.executable, "-m", "dvc", "init", "-q"], tmp_path)
-    _run([sys.executable, "-m", "dvc", "repro"], tmp_path)
-    summary = json.loads((tmp_path / "metrics" / "summary.json").read_text())
-    assert set(summary) == {"ls", "fairgrad(alpha=1.0)"}
-    assert all("delta_m" in v for v in summary.values())
-    assert (tmp_path / "reports" / "latest" / "report.html").is_file()
-    shown = _run([sys.executable, "-m", "dvc", "metrics", "show", "--json"], tmp_path).stdout
-    assert "metrics/train/ls-s0.json" in shown
-    again = _run([sys.executable, "-m", "dvc", "repro"], tmp_path).stdout
-    assert "up to date" in again
+    params["train"].update(methods=["ls"], method="ls", epochs=1, options={"batch_size": 100})
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    _run(["git", "init", "-q"], repo)
+    _run(["git", "config", "user.email", "ci@example.com"], repo)
+    _run(["git", "config", "user.name", "ci"], repo)
+    _dvc(repo, "init", "-q")
+    _dvc(repo, "remote", "add", "-d", "local", str(tmp_path / "remote"))
+    _run(["git", "add", "-A"], repo)
+    _run(["git", "commit", "-qm", "tiny mtlflow project"], repo)
+
+    _dvc(repo, "exp", "run", "-S", "train.method=fairgrad")
+    assert yaml.safe_load((repo / "params.yaml").read_text())["train"]["method"] == "fairgrad"
+    experiment = json.loads((repo / "metrics" / "experiment.json").read_text())
+    assert "delta_m" in experiment and "test.left.acc" in experiment
+    assert (repo / "runs" / "experiment" / "fairgrad-s0" / "model.pt").is_file()
+    assert "fairgrad" in _dvc(repo, "exp", "show", "--md").stdout
+    # the sweep: train -> evaluate -> aggregate
+    summary = json.loads((repo / "metrics" / "summary.json").read_text())
+    assert set(summary) == {"ls"} and "delta_m" in summary["ls"]
+    evaluated = json.loads((repo / "metrics" / "evaluate.json").read_text())["ls-s0"]
+    assert evaluated == json.loads((repo / "metrics" / "train" / "ls-s0.json").read_text())
+    assert (repo / "reports" / "latest" / "report.html").is_file()
+    assert "up to date" in _dvc(repo, "repro").stdout
+
+    # data versioning: push, wipe the cache and the workspace copy, pull, verify
+    manifest = json.loads((repo / "data" / "prepared" / "manifest.json").read_text())
+    _dvc(repo, "push")
+    shutil.rmtree(repo / ".dvc" / "cache")
+    shutil.rmtree(repo / "data" / "prepared")
+    _dvc(repo, "pull", "prepare")
+    from mtlflow import jobs
+
+    _, restored = jobs.load_prepared(repo / "data" / "prepared", expected_hash=manifest["content_hash"])
+    assert restored.content_hash == manifest["content_hash"]
+    assert "prepare" not in _dvc(repo, "status", "prepare").stdout

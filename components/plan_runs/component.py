@@ -25,3 +25,11 @@ def plan_references(tasks: List[str], seeds: List[int]) -> List[str]:
     from mtlflow.pipeline_specs import plan_references as plan
 
     return plan(tasks, seeds)
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def plan_run(method: str, seed: int, hparams: dict) -> str:
+    """The spec of a single run (``retrain``): ``{"method", "seed", "hparams"}``; validated here."""
+    from mtlflow.pipeline_specs import plan_run as plan
+
+    return plan(method, seed, hparams)

@@ -7,33 +7,60 @@ from components.image import IMAGE
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def train(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, train_options: dict,
-          run: dsl.Output[dsl.Artifact], model: dsl.Output[dsl.Model], metrics: dsl.Output[dsl.Metrics]):
-    """Train the run described by ``run_spec`` (JSON from plan_runs/plan_references).
+          run: dsl.Output[dsl.Artifact], model: dsl.Output[dsl.Model], metrics: dsl.Output[dsl.Metrics],
+          report: dsl.Output[dsl.HTML], summary: dsl.Output[dsl.Markdown],
+          checkpoint_root: str = "", pushgateway: str = "", pipeline_name: str = ""):
+    """Train the run described by ``run_spec`` (JSON from plan_runs/plan_references/plan_run).
 
-    Refuses to train when the data's content hash differs from the one recorded by prepare_data.
-    Writes the run directory (run.json, metrics.json, checkpoint, model) as ``run``, the weights as
-    ``model`` and the selected final test metrics as ``metrics``.
+    Refuses to train when the data's SHA-256 content hash or DVC hash differs from the ones recorded
+    by prepare_data. With ``checkpoint_root`` (a PVC on the cluster) the run directory lives at
+    ``<checkpoint_root>/<run key>`` -- the key hashes the spec, the data version, the epochs and the
+    options -- and training resumes from the checkpoint there, so a retried or preempted task
+    continues where it stopped; the finished run is then copied to the ``run`` artifact (without the
+    checkpoint). Writes the run directory as ``run``, the weights as ``model``, the selected final
+    test metrics as ``metrics``, the run's HTML report (metrics, learning curves, telemetry) as
+    ``report`` and a Markdown summary as ``summary``.
+
+    With ``pushgateway`` (else ``$MTLFLOW_PUSHGATEWAY`` of the pod; neither: off) the epoch telemetry is
+    pushed to that Prometheus Pushgateway, labelled with ``pipeline_name``; a push failure only logs a
+    warning.
     """
     import json
     import shutil
+    from pathlib import Path
 
-    from mtlflow import jobs
-    from mtlflow.pipeline_specs import from_struct
+    from mtlflow import atomic, dvc_io, jobs
+    from mtlflow.observability import training_exporters
+    from mtlflow.observability.run_report import run_markdown, run_report_html
+    from mtlflow.pipeline_specs import from_struct, run_key
 
     spec = json.loads(run_spec)
     train_options = from_struct(train_options)
-    result = jobs.train(data.path, run.path, method=spec["method"], seed=int(spec["seed"]),
-                        hparams=spec.get("hparams", {}), tasks=spec.get("tasks"), epochs=epochs,
-                        expected_hash=data.metadata.get("content_hash"), progress=False, **train_options)
+    content_hash = data.metadata.get("content_hash")
+    if data.metadata.get("dvc_hash"):
+        dvc_io.verify_directory(data.path, data.metadata["dvc_hash"])
+    work_dir = Path(run.path)
+    if checkpoint_root:
+        work_dir = Path(checkpoint_root) / run_key(run_spec, content_hash or "", epochs, train_options)
+        print(f"run directory {work_dir} (resumes from its checkpoint if one exists)")
+    with training_exporters(pushgateway=pushgateway or None, pipeline=pipeline_name or "kfp") as callbacks:
+        result = jobs.train(data.path, work_dir, method=spec["method"], seed=int(spec["seed"]),
+                            hparams=spec.get("hparams", {}), tasks=spec.get("tasks"), epochs=epochs,
+                            expected_hash=content_hash, resume=bool(checkpoint_root), progress=False,
+                            callbacks=callbacks, **train_options)
+    if work_dir != Path(run.path):
+        shutil.copytree(work_dir, run.path, ignore=shutil.ignore_patterns("checkpoint.pt"), dirs_exist_ok=True)
     shutil.copyfile(f"{run.path}/model.pt", model.path)
     label = jobs.run_label(jobs.read_run(run.path)["run"])
     for artifact in (run, model):
         artifact.metadata.update({"method": spec["method"], "label": label, "seed": int(spec["seed"]),
                                   "tasks": spec.get("tasks") or data.metadata.get("tasks"),
-                                  "data_hash": data.metadata.get("content_hash")})
+                                  "data_hash": content_hash, "dvc_hash": data.metadata.get("dvc_hash")})
     final = result["final"]["test"]
     for task, values in final.items():
         for name, value in values.items():
             metrics.log_metric(f"test.{task}.{name}", float(value))
     with open(metrics.path, "w") as fh:
         json.dump(final, fh)
+    atomic.write_text(report.path, run_report_html(run.path))
+    atomic.write_text(summary.path, run_markdown(run.path))

@@ -37,3 +37,16 @@ def test_train_refuses_data_with_another_hash(tiny_dataset, tmp_path):
     with pytest.raises(DataError, match="expected 000000000000"):
         train.python_func(data=tampered, run_spec=spec, epochs=1, train_options={}, **train_artifacts(tmp_path, "x"))
     assert not (tmp_path / "x-run" / "run.json").exists()
+
+
+def test_train_writes_an_html_report_and_a_markdown_summary(tiny_runs):
+    arts = tiny_runs["mgda"]
+    metrics = json.loads((Path(arts["run"].path) / "metrics.json").read_text())
+    page = Path(arts["report"].path).read_text()
+    assert "<h1>mtlflow run: mgda on multimnist (seed 0)</h1>" in page
+    assert page.count('src="data:image/png;base64,') == 1  # learning curves and telemetry
+    assert "<h2>Final metrics</h2>" in page and "conflict ratio" in page
+    summary = Path(arts["summary"].path).read_text()
+    assert summary.startswith("# mgda on multimnist (seed 0)") and "status: **completed**" in summary
+    acc = metrics["final"]["test"]["left"]["acc"]
+    assert f"| left | " in summary and f"{acc:.4g}" in summary

@@ -65,6 +65,10 @@ class Callback:
     def on_train_end(self, trainer: "Trainer", result: dict[str, Any]) -> None:
         """After the final metrics and model were written."""
 
+    def on_train_failed(self, trainer: "Trainer", exc: BaseException) -> None:
+        """When training stops with ``exc`` (a NaN/Inf loss, a solver failure, an interrupt), after
+        ``run.json`` records the failure and before ``exc`` propagates; must not raise."""
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 

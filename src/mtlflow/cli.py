@@ -77,14 +77,16 @@ def cmd_methods(args: argparse.Namespace) -> int:
     from mtlflow import methods
 
     rows = [methods.info(n) for n in methods.available()]
+    # what the gradient engine computes for each method (Method.requires)
+    needs = {r.name: methods.get(r.name).requires.value for r in rows}
     if args.json:
-        print(json.dumps([r.__dict__ for r in rows], indent=2, default=str))
+        print(json.dumps([{**r.__dict__, "requires": needs[r.name]} for r in rows], indent=2, default=str))
         return 0
     for r in rows:
         hp = ", ".join(f"{k}={v[0]!r}" for k, v in r.hparams.items()) or "-"
         print(f"{r.name:<12} {r.family:<22} {r.cost:<5} {r.paper}")
         print(f"{'':<12} equations: {r.equations}")
-        print(f"{'':<12} hyper-parameters: {hp}")
+        print(f"{'':<12} needs: {needs[r.name]}; hyper-parameters: {hp}")
     return 0
 
 
@@ -98,6 +100,10 @@ def cmd_benchmarks(args: argparse.Namespace) -> int:
         print(f"{'':<12} {cls.description}")
         opts = ", ".join(f"{k}={f.default!r}" for k, f in cls.config_fields.items())
         print(f"{'':<12} options: {opts or '-'}")
+        if cls.train_defaults:
+            print(f"{'':<12} paper recipe: {json.dumps(cls.train_defaults)}")
+        if cls.cpu_smoke:
+            print(f"{'':<12} CPU smoke: {json.dumps(cls.cpu_smoke)}")
     return 0
 
 
@@ -105,6 +111,8 @@ def _bench_config(args: argparse.Namespace) -> dict[str, Any]:
     config = parse_assignments(args.option, "--option")
     if getattr(args, "mnist_dir", None):
         config["mnist_dir"] = args.mnist_dir
+    if getattr(args, "data_dir", None):
+        config["data_dir"] = args.data_dir
     return config
 
 
@@ -123,39 +131,86 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise InvalidParameterError("give --benchmark NAME (data prepared into the cache) or --data DIR")
     hparams = parse_assignments(args.hp, "--hp")
     overrides = dict(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
-                     weight_decay=args.weight_decay, clip_grad_norm=args.clip_grad_norm,
-                     select=args.select, max_steps_per_epoch=args.max_steps_per_epoch, device=args.device)
+                     weight_decay=args.weight_decay, method_lr=args.method_lr, clip_grad_norm=args.clip_grad_norm,
+                     select=args.select, max_steps_per_epoch=args.max_steps_per_epoch, device=args.device,
+                     grad_backend=args.grad_backend, grad_wrt=args.grad_wrt, amp=args.amp,
+                     num_workers=args.num_workers)
+    if args.dry_run:
+        return _dry_run(args, hparams, overrides)
+    if not args.out:
+        raise InvalidParameterError("give --out DIR, the run directory")
     if args.benchmark is not None:
         # reject bad input before preparing any data
         bench = benchmarks.build(args.benchmark, **_bench_config(args))
         selected = bench.select_tasks(_csv(args.tasks))
         methods.build(args.method, len(selected), **jobs.resolved_hparams(bench, args.method, hparams))
         jobs.train_config(bench.train_defaults, method=args.method, **overrides)
+    from mtlflow.observability import resolve_pushgateway, training_exporters
+
+    gateway = resolve_pushgateway(args.pushgateway)  # a malformed address is rejected before any data work
     data_dir = Path(args.data) if args.data else cached_data_dir(args.benchmark, _bench_config(args))
-    result = jobs.train(data_dir, args.out, method=args.method, seed=args.seed, hparams=hparams,
-                        tasks=_csv(args.tasks), resume=args.resume, progress=not args.no_progress, **overrides)
+    with training_exporters(gateway, args.metrics_port) as callbacks:
+        result = jobs.train(data_dir, args.out, method=args.method, seed=args.seed, hparams=hparams,
+                            tasks=_csv(args.tasks), resume=args.resume, progress=not args.no_progress,
+                            callbacks=callbacks, **overrides)
     final = result["final"]["test"]
     print(json.dumps({"run_dir": args.out, "test": final}))
+    return 0
+
+
+def _dry_run(args: argparse.Namespace, hparams: dict[str, Any], overrides: dict[str, Any]) -> int:
+    """Print the resolved configuration, parameter counts and a memory estimate; prepare and train nothing."""
+    from mtlflow import benchmarks, jobs
+    from mtlflow.benchmarks.base import read_manifest
+    from mtlflow.dryrun import describe_run, format_description
+
+    data_dir = Path(args.data) if args.data else None
+    if data_dir is not None:
+        manifest = read_manifest(data_dir)
+        bench = benchmarks.build(manifest["benchmark"], **manifest.get("config", {}))
+    else:
+        bench = benchmarks.build(args.benchmark, **_bench_config(args))
+        key = hashlib.sha256(json.dumps(bench.config, sort_keys=True).encode()).hexdigest()[:12]
+        cached = default_cache_dir() / "data" / f"{bench.name}-{key}"
+        data_dir = cached if (cached / "manifest.json").is_file() else None
+    resolved = jobs.resolved_hparams(bench, args.method, hparams)
+    config = jobs.train_config(bench.train_defaults, method=args.method, seed=args.seed, hparams=resolved,
+                               tasks=_csv(args.tasks), **overrides)
+    info = describe_run(bench, config, resolved, data_dir)
+    print(format_description(info))
+    print(json.dumps(info, indent=2, default=str))
     return 0
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from mtlflow import jobs
 
-    result = jobs.evaluate(args.run_dir, args.data, split=args.split, out_file=args.out)
+    result = jobs.evaluate(args.run_dir, args.data, split=args.split, out_file=args.out, confusion=args.confusion)
     print(json.dumps(result["metrics"]))
     return 0
 
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
     from mtlflow import jobs
+    from mtlflow.observability import export_summary, resolve_pushgateway
 
+    gateway = resolve_pushgateway(args.pushgateway)
     summary = jobs.aggregate(args.run_dirs, args.out, reference_dirs=args.references or (),
-                             method_set=_csv(args.method_set), split=args.split)
+                             method_set=_csv(args.method_set), split=args.split,
+                             paper_references=args.paper_references)
     from mtlflow.report import markdown_table
 
     print(markdown_table(summary), end="")
     print(f"report: {Path(args.out) / 'report.html'}")
+    if gateway:
+        export_summary(summary, gateway)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from mtlflow.observability.run_report import render_report
+
+    print(f"report: {render_report(args.path, args.out)}")
     return 0
 
 
@@ -163,12 +218,133 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     from pipelines import runner
 
     if args.pipeline_command == "compile":
-        path = runner.compile_pipeline(args.out, pipeline=args.pipeline)
-        print(f"compiled {args.pipeline} pipeline to {path}")
+        if args.all:
+            for path in runner.compile_all(args.out_dir):
+                print(f"compiled {path.stem} pipeline to {path}")
+            return 0
+        name = runner.canonical_name(args.pipeline)
+        out = args.out or str(Path(args.out_dir) / f"{name}.yaml")
+        path = runner.compile_pipeline(out, pipeline=name)
+        print(f"compiled {name} pipeline to {path}")
         return 0
     params = runner.load_params(args.params_file, parse_assignments(args.param, "--param"))
-    report = runner.run_local(params, workdir=args.workdir, pipeline=args.pipeline)
-    print(f"report: {report}")
+    if args.pipeline_command == "run":
+        result = runner.run_local(params, workdir=args.workdir, pipeline=args.pipeline, storage_root=args.storage_root)
+        print(f"{'report' if result.suffix == '.html' else 'result'}: {result}")
+        return 0
+    from mtlflow import kfp_client
+
+    if args.pipeline_command == "submit":
+        info = kfp_client.submit(args.host, args.pipeline, params, experiment=args.experiment,
+                                 run_name=args.run_name, namespace=args.namespace,
+                                 enable_caching=False if args.no_cache else None,
+                                 service_account=args.service_account)
+    else:
+        info = kfp_client.schedule(args.host, args.pipeline, args.cron, params, experiment=args.experiment,
+                                   job_name=args.job_name, namespace=args.namespace,
+                                   service_account=args.service_account)
+    print(json.dumps(info))
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from mtlflow import dvc_io
+    from mtlflow.benchmarks.base import read_manifest
+
+    remote = dvc_io.resolve_remote(args.remote)
+    if remote is None:
+        raise InvalidParameterError(f"no DVC remote: give --remote URL or set ${dvc_io.REMOTE_ENV}")
+    if args.data_command == "push":
+        read_manifest(args.data)  # only prepared datasets are versioned
+        print(json.dumps({"data": args.data, "git_revision": dvc_io.git_revision(),
+                          **dvc_io.push_dataset(args.data, remote)}))
+    else:
+        out = dvc_io.pull_dataset(args.version, remote, args.out, cache_dir=args.cache_dir)
+        print(json.dumps({"out": str(out), "dvc_hash": args.version, "dvc_remote": remote,
+                          "content_hash": read_manifest(out)["content_hash"]}))
+    return 0
+
+
+def _method_hparams(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:
+    """``["famo.gamma=0", "cagrad.c=0.5"]`` -> ``{"famo": {"gamma": 0}, "cagrad": {"c": 0.5}}``."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in parse_assignments(items, "--hp").items():
+        method, dot, name = key.partition(".")
+        if not dot or not method or not name:
+            raise InvalidParameterError(f"--hp {key}=... must look like METHOD.NAME=VALUE, e.g. famo.gamma=0")
+        out.setdefault(method, {})[name] = value
+    return out
+
+
+def cmd_toy(args: argparse.Namespace) -> int:
+    from mtlflow.toy_runner import resolve_methods, run_toy
+
+    names = resolve_methods(args.methods)
+    hparams = _method_hparams(args.hp)
+    unknown = sorted(set(hparams) - set(names))
+    if unknown:
+        raise InvalidParameterError(f"--hp names method(s) {', '.join(unknown)} that are not in --methods")
+    summary = run_toy(names, args.out, steps=args.steps, scale=args.scale, lr=args.lr, seed=args.seed,
+                      hparams=hparams, progress=not args.no_progress, jobs=args.jobs)
+    failed = [m["method"] for m in summary["methods"] if m["status"] == "failed"]
+    print(f"toy: wrote {Path(args.out) / 'toy.md'}, toy.json and toy.png")
+    if failed:
+        print(f"mtlflow: error: method(s) {', '.join(failed)} failed on the toy problem; see toy.md", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from mtlflow.bench import ENGINE_ROWS, SYNTHETIC, parse_task_counts, run_bench
+    from mtlflow.toy_runner import resolve_methods
+
+    summary = run_bench(args.out, resolve_methods(args.methods), parse_task_counts(args.tasks),
+                        benchmark=args.benchmark or SYNTHETIC, steps=args.steps, warmup=args.warmup,
+                        batch_size=args.batch_size, width=args.width, image_size=args.image_size,
+                        device=args.device, threads=args.threads,
+                        engine_rows=ENGINE_ROWS if args.engine is None else (_csv(args.engine) or []),
+                        grad_wrt=_csv(args.grad_wrt) or ["parameters"], progress=not args.no_progress,
+                        hparams=_method_hparams(args.hp))
+    print(f"bench: wrote {Path(args.out) / 'bench.md'} and bench.json ({len(summary['methods'])} rows)")
+    return 0
+
+
+def _int_list(value: str, flag: str) -> list[int]:
+    items = _csv(value) or []
+    try:
+        return [int(v) for v in items]
+    except ValueError:
+        raise InvalidParameterError(f"{flag} must be a comma-separated list of integers, got {value!r}") from None
+
+
+def cmd_asmg_synthetic(args: argparse.Namespace) -> int:
+    from mtlflow.blackbox.experiments import run_synthetic
+
+    summary = run_synthetic(args.out, problems=_csv(args.problems) or [], sample_sizes=_int_list(args.n, "--n"),
+                            seeds=_int_list(args.seeds, "--seeds"), methods=_csv(args.methods) or [],
+                            dim=args.dim, iterations=args.iterations, beta=args.beta, update=args.update,
+                            target=args.target, stop_at=args.stop_at, progress=not args.no_progress)
+    print((Path(args.out) / "results.md").read_text(), end="")
+    print(f"asmg-synthetic: wrote {Path(args.out) / 'convergence.png'}, results.md and results.json "
+          f"({len(summary['runs'])} runs)")
+    return 0
+
+
+def cmd_hypercleaning(args: argparse.Namespace) -> int:
+    from mtlflow.benchmarks.hypercleaning import run_table, table_hparams
+
+    rows = _csv(args.methods) or []
+    per_row: dict[str, dict[str, Any]] = {}
+    for key, value in parse_assignments(args.hp, "--hp").items():
+        row, dot, name = key.partition(".")
+        targets = [row] if dot else [r for r in rows if r != "ls"]
+        for target in targets:
+            per_row.setdefault(target, {})[name if dot else key] = value
+    table_hparams(rows, per_row)  # reject bad input before any data is prepared
+    data_dir = Path(args.data) if args.data else cached_data_dir("hypercleaning", _bench_config(args))
+    run_table(data_dir, args.out, methods=rows, seeds=_int_list(args.seeds, "--seeds"), epochs=args.epochs,
+              hparams=per_row, progress=not args.no_progress)
+    print((Path(args.out) / "table.md").read_text(), end="")
     return 0
 
 
@@ -182,6 +358,10 @@ def cmd_stage(args: argparse.Namespace) -> int:
         stages.stage_train(params, args.method, args.seed)
     elif args.stage == "reference":
         stages.stage_reference(params, args.task, args.seed)
+    elif args.stage == "evaluate":
+        stages.stage_evaluate(params)
+    elif args.stage == "experiment":
+        stages.stage_experiment(params)
     else:
         stages.stage_aggregate(params)
     return 0
@@ -203,6 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def data_options(q: argparse.ArgumentParser) -> None:
         q.add_argument("--mnist-dir", help="MNIST IDX folder whose digits are added (multimnist)")
+        q.add_argument("--data-dir", help="mounted dataset folder (celeba, nyuv2, cityscapes, office31, officehome)")
         q.add_argument("--option", action="append", metavar="KEY=VALUE",
                        help="benchmark preparation option (repeatable), e.g. n_train=2000")
 
@@ -225,13 +406,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float)
     p.add_argument("--optimizer", help="adam (default), adamw or sgd")
     p.add_argument("--weight-decay", type=float)
+    p.add_argument("--method-lr", type=float,
+                   help="learning rate of the method's own parameters (UW, IMTL, GradNorm; default 0.025)")
     p.add_argument("--clip-grad-norm", type=float, help="clip the global gradient norm after backward")
     p.add_argument("--select", help="final-metric rule: last (default) or last-k:K")
     p.add_argument("--max-steps-per-epoch", type=int)
     p.add_argument("--device", help="cpu (default) or cuda")
-    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--grad-backend", help="per-task gradient backend: auto (default), loop, batched, func, "
+                   "autojac, autogram (Gramian-weighting methods)")
+    p.add_argument("--grad-wrt", help="per-task gradients w.r.t. the shared 'parameters' (default) or the "
+                   "shared 'representation' (MGDA-UB's bound)")
+    p.add_argument("--out", help="run directory (required unless --dry-run)")
     p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--amp", choices=["none", "bf16"], help="bf16: forward pass under torch.autocast in bfloat16")
+    p.add_argument("--num-workers", type=int, help="DataLoader worker processes (default 0)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the resolved config, parameter counts and a memory estimate; train nothing")
+    p.add_argument("--pushgateway", metavar="URL", help="push epoch telemetry to this Prometheus Pushgateway "
+                   "(default $MTLFLOW_PUSHGATEWAY; a failed push only logs one warning)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus /metrics on this port "
+                   "while training")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("evaluate", help="evaluate a trained run on a split")
@@ -239,36 +434,150 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="the prepared data the run was trained on")
     p.add_argument("--split", default="test")
     p.add_argument("--out", help="output JSON (default RUN_DIR/evaluation.json)")
+    p.add_argument("--confusion", action="store_true",
+                   help="also write the confusion matrices of the classification tasks into the JSON")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("aggregate", help="compare runs: Δm%%, mean rank, hypervolume, Pareto plot, HTML")
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--references", nargs="*", help="single-task reference run directories")
+    p.add_argument("--paper-references", action=argparse.BooleanOptionalAction, default=None,
+                   help="also report Δm%% against the papers' single-task values (default: when the benchmark "
+                        "publishes them; --no-paper-references turns it off)")
     p.add_argument("--method-set", help="comma-separated methods over which the mean rank is computed")
     p.add_argument("--split", default="test")
     p.add_argument("--out", required=True)
+    p.add_argument("--pushgateway", metavar="URL", help="push Δm%%, mean rank, hypervolume and Pareto membership "
+                   "per method to this Prometheus Pushgateway (default $MTLFLOW_PUSHGATEWAY)")
     p.set_defaults(func=cmd_aggregate)
 
-    p = sub.add_parser("pipeline", help="run the Kubeflow pipeline locally or compile it")
+    p = sub.add_parser("report", help="render the HTML report of a finished run or an aggregate results directory")
+    p.add_argument("path", help="run directory (from `mtlflow train --out`) or aggregate results directory")
+    p.add_argument("--out", help="output HTML file (default PATH/report.html)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("pipeline", help="Kubeflow pipelines: run locally, compile, submit, schedule")
     psub = p.add_subparsers(dest="pipeline_command", required=True, metavar="ACTION")
+    pipeline_help = "benchmark_sweep (alias main), retrain or distributed_train (cluster only)"
+
+    def pipeline_params(q: argparse.ArgumentParser, default: str) -> None:
+        q.add_argument("--pipeline", default=default, help=f"{pipeline_help}; default {default}")
+        q.add_argument("--params-file", "--params", dest="params_file", help="YAML file of pipeline parameters")
+        q.add_argument("--param", action="append", metavar="KEY=VALUE", help="pipeline parameter (repeatable)")
+
+    def cluster_target(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--host", required=True, help="KFP API URL, e.g. https://kubeflow.example.com/pipeline "
+                       "(token from $MTLFLOW_KFP_TOKEN)")
+        q.add_argument("--experiment", default="mtlflow", help="experiment name (created if missing)")
+        q.add_argument("--namespace", help="Kubeflow profile namespace (multi-user deployments)")
+        q.add_argument("--service-account", help="Kubernetes service account of the run's pods")
+
     q = psub.add_parser("run", help="run with kfp.local's SubprocessRunner")
     q.add_argument("--local", action="store_true", required=True, help="run on this machine (kfp.local)")
-    q.add_argument("--pipeline", default="main")
-    q.add_argument("--params-file", help="YAML file of pipeline parameters")
-    q.add_argument("--param", action="append", metavar="KEY=VALUE", help="pipeline parameter (repeatable)")
+    pipeline_params(q, "main")
     q.add_argument("--workdir", default="runs/pipeline", help="where kfp.local writes artifacts")
-    q = psub.add_parser("compile", help="write the pipeline IR YAML")
-    q.add_argument("--pipeline", default="main")
-    q.add_argument("--out", required=True)
+    q.add_argument("--storage-root", help="DVC remote/cache, checkpoints, status records and model store "
+                   "(default WORKDIR/storage; reuse it across retrain runs to keep the champion)")
+    q = psub.add_parser("compile", help="write pipeline IR YAML (one pipeline, or --all)")
+    q.add_argument("--pipeline", default="main", help=pipeline_help)
+    q.add_argument("--all", action="store_true", help="every pipeline, as OUT_DIR/<name>.yaml")
+    q.add_argument("--out", help="output file (default OUT_DIR/<name>.yaml)")
+    q.add_argument("--out-dir", default="build", help="output directory (default build)")
+    q = psub.add_parser("submit", help="validate, compile and start one run on a KFP cluster")
+    pipeline_params(q, "retrain")
+    cluster_target(q)
+    q.add_argument("--run-name", help="display name of the run")
+    q.add_argument("--no-cache", action="store_true", help="disable KFP caching for this run")
+    q = psub.add_parser("schedule", help="create a recurring run (max 1 concurrent, no catch-up)")
+    pipeline_params(q, "benchmark_sweep")
+    cluster_target(q)
+    q.add_argument("--cron", required=True, help="6-field KFP cron with seconds first, e.g. '0 0 3 * * *'")
+    q.add_argument("--job-name", help="name of the recurring run")
     p.set_defaults(func=cmd_pipeline)
 
+    p = sub.add_parser("data", help="version prepared datasets with DVC: push to / pull from a remote")
+    dsub = p.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    q = dsub.add_parser("push", help="upload a prepared dataset; prints its DVC hash (the data version)")
+    q.add_argument("--data", required=True, help="prepared data directory")
+    q.add_argument("--remote", help="DVC remote URL (default $MTLFLOW_DVC_REMOTE)")
+    q = dsub.add_parser("pull", help="fetch a data version into a new directory and verify it")
+    q.add_argument("version", help="DVC hash '<md5>.dir' (dvc_hash in the dataset metadata)")
+    q.add_argument("--out", required=True)
+    q.add_argument("--remote", help="DVC remote URL (default $MTLFLOW_DVC_REMOTE)")
+    q.add_argument("--cache-dir", help="DVC cache kept between pulls (default: a temporary one)")
+    p.set_defaults(func=cmd_data)
+
+    p = sub.add_parser("toy", help="every method on CAGrad's toy problem from the 5 start points: plot + table")
+    p.add_argument("--methods", default="all", help="'all' (default) or a comma-separated list")
+    p.add_argument("--steps", type=int, default=35_000, help="Adam steps (35000 = Nash-MTL; FAMO uses 50000)")
+    p.add_argument("--scale", type=float, default=0.1, help="multiplier of objective 1 (1.0 = CAGrad's original)")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (1e-3 as the reference scripts)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the methods' random generators (RLW, PCGrad)")
+    p.add_argument("--hp", action="append", metavar="METHOD.NAME=VALUE", help="method hyper-parameter (repeatable)")
+    p.add_argument("--jobs", type=int, default=1, help="methods run in parallel worker processes (1 thread each)")
+    p.add_argument("--out", required=True, help="output directory (toy.json, toy.md, toy.png)")
+    p.add_argument("--no-progress", action="store_true", help="no per-method progress lines")
+    p.set_defaults(func=cmd_toy)
+
+    p = sub.add_parser("bench", help="step time, memory, solver and engine time of every method; ratios to LS")
+    p.add_argument("--methods", default="all", help="'all' (default) or a comma-separated list (LS is always added)")
+    p.add_argument("--tasks", default="2,10,40", help="task counts K of the synthetic CelebA model")
+    p.add_argument("--benchmark", help="time a registered benchmark's model and data instead of synthetic CelebA")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per method")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps before timing")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--width", type=int, default=64, help="channel width of the CelebA CNN (64 = full size)")
+    p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--engine", help="engine rows to time (default all: single, plain-loop, loop, batched, func, "
+                   "autojac, autogram, representation); empty string for none")
+    p.add_argument("--grad-wrt", help="parameters (default) and/or representation: also time every Gramian "
+                   "method in representation mode")
+    p.add_argument("--hp", action="append", metavar="METHOD.NAME=VALUE",
+                   help="method hyper-parameter (repeatable), e.g. nashmtl.update_weights_every=10")
+    p.add_argument("--out", required=True, help="output directory (bench.json, bench.md)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
     p = sub.add_parser("stage", help="run one DVC stage of dvc.yaml (reads params.yaml)")
-    p.add_argument("stage", choices=["prepare", "train", "reference", "aggregate"])
+    p.add_argument("stage", choices=["prepare", "train", "reference", "evaluate", "aggregate", "experiment"])
     p.add_argument("--method")
     p.add_argument("--task")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--params", default="params.yaml")
     p.set_defaults(func=cmd_stage)
+
+    p = sub.add_parser("asmg-synthetic", help="ASMG on the thesis' synthetic black-box problems (Eqs. 4.21-4.23): "
+                       "convergence plot + table")
+    p.add_argument("--problems", default="l1-ellipsoid,lhalf-ellipsoid,ellipsoid-rastrigin",
+                   help="comma-separated: l1-ellipsoid, lhalf-ellipsoid, ellipsoid-rastrigin")
+    p.add_argument("--n", default="10,50,100", help="sample sizes N per iteration (default 10,50,100)")
+    p.add_argument("--seeds", default="0,1,2", help="seeds (start point and samples; default 0,1,2)")
+    p.add_argument("--methods", default="asmg", help="asmg and/or asmg-ew (the λ = 1/m ablation)")
+    p.add_argument("--dim", type=int, default=100, help="dimension d (default 100)")
+    p.add_argument("--iterations", type=int, default=8000, help="iteration budget per run (default 8000)")
+    p.add_argument("--beta", type=float, default=0.1, help="step size β (thesis: 0.1)")
+    p.add_argument("--update", default="normalized", choices=["normalized", "raw"],
+                   help="covariance/mean update: App. A.2.5 (default) or Eq. 4.14 as printed")
+    p.add_argument("--target", type=float, default=1e-4, help="precision reported in the table (default 1e-4)")
+    p.add_argument("--stop-at", type=float, default=1e-6, help="stop a run once ℰ <= this (default 1e-6)")
+    p.add_argument("--out", required=True, help="output directory (convergence.png, results.md, results.json)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_asmg_synthetic)
+
+    p = sub.add_parser("hypercleaning", help="Table 3.2 of Ye's thesis: MOML, MoCo, FORUM (+ LS) on multi-task "
+                       "data hyper-cleaning, mean ± std over seeds")
+    p.add_argument("--data", help="prepared hypercleaning data (default: prepared into the cache)")
+    data_options(p)
+    p.add_argument("--methods", default="moml,moco,forum,ls", help="rows: moml, moco, forum, ls (no cleaning)")
+    p.add_argument("--seeds", default="0,1,2", help="seeds (default 0,1,2: the thesis' 3 runs)")
+    p.add_argument("--epochs", type=int, help="epochs per run (default: the benchmark recipe, 80)")
+    p.add_argument("--hp", action="append", metavar="[ROW.]KEY=VALUE",
+                   help="hyper-parameter of every bi-level row, or of one row (moml., moco., forum.); repeatable")
+    p.add_argument("--out", required=True, help="output directory (runs/, table.md, table.json)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_hypercleaning)
     return parser
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from mtlflow.benchmarks.base import Benchmark, MultiTaskModel, TaskSpec
 
@@ -20,7 +20,7 @@ def evaluate_model(model: MultiTaskModel, bench: Benchmark, dataset: Dataset, ta
     metrics = {t.name: [m() for m in t.metrics] for t in tasks}
     loss_sum = {t.name: 0.0 for t in tasks}
     count = 0
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
+    loader = bench.make_loader(dataset, batch_size=batch_size, shuffle=False)
     for batch in loader:
         inputs, targets = bench.unpack(batch)
         inputs = _to(inputs, device)

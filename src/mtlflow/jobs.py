@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from mtlflow import atomic, benchmarks
 from mtlflow.benchmarks.base import read_manifest
+from mtlflow.callbacks import Callback
 from mtlflow.errors import DataError, InvalidParameterError
 from mtlflow.train import TrainConfig, Trainer, load_model
 
@@ -53,10 +54,11 @@ def train_config(bench_defaults: Mapping[str, Any], **overrides: Any) -> TrainCo
 def train(data_dir: str | Path, out_dir: str | Path, method: str = "ls", seed: int = 0,
           hparams: Mapping[str, Any] | None = None, tasks: Sequence[str] | None = None,
           resume: bool = False, progress: bool = True, expected_hash: str | None = None,
-          **overrides: Any) -> dict[str, Any]:
+          callbacks: Sequence[Callback] = (), **overrides: Any) -> dict[str, Any]:
     """Train ``method`` on prepared data; writes the run directory ``out_dir``.
 
     Hyper-parameters and options are validated before any data is loaded or model built.
+    ``callbacks`` extend the trainer (e.g. :class:`mtlflow.observability.PrometheusExporter`).
     """
     from mtlflow import methods
 
@@ -68,14 +70,18 @@ def train(data_dir: str | Path, out_dir: str | Path, method: str = "ls", seed: i
     config = train_config(bench.train_defaults, method=method, seed=seed, hparams=hparams,
                           tasks=list(tasks) if tasks else None, **overrides)
     _, data = load_prepared(data_dir, expected_hash=expected_hash)
-    trainer = Trainer(bench, data, config, out_dir, progress=progress)
+    trainer = Trainer(bench, data, config, out_dir, progress=progress, callbacks=callbacks)
     result = trainer.fit(resume=resume)
     return {"run_dir": str(out_dir), **result}
 
 
 def evaluate(run_dir: str | Path, data_dir: str | Path, split: str = "test",
-             out_file: str | Path | None = None) -> dict[str, Any]:
-    """Evaluate the final model of ``run_dir`` on ``split`` of ``data_dir``; writes ``evaluation.json``."""
+             out_file: str | Path | None = None, confusion: bool = False) -> dict[str, Any]:
+    """Evaluate the final model of ``run_dir`` on ``split`` of ``data_dir``; writes ``evaluation.json``.
+
+    ``confusion=True`` adds ``confusion_matrices`` (``{task: {kind, categories, matrix}}``, rows = true
+    class) for the classification tasks (:mod:`mtlflow.confusion`; one more pass over the split).
+    """
     from mtlflow.evaluation import evaluate_model
 
     run_dir = Path(run_dir)
@@ -92,6 +98,10 @@ def evaluate(run_dir: str | Path, data_dir: str | Path, split: str = "test",
     result = {"run": str(run_dir), "benchmark": bench.name, "method": blob["method"], "split": split,
               "data_hash": data.content_hash, "tasks": [t.name for t in tasks],
               "metric_specs": {t.name: t.metric_specs() for t in tasks}, "metrics": values}
+    if confusion:
+        from mtlflow.confusion import confusion_matrices
+
+        result["confusion_matrices"] = confusion_matrices(model, bench, data.splits[split], tasks, index)
     atomic.write_json(out_file or run_dir / "evaluation.json", result)
     return result
 
@@ -145,21 +155,43 @@ def build_references(reference_runs: Sequence[Mapping[str, Any]], split: str = "
 
 def aggregate(run_dirs: Sequence[str | Path], out_dir: str | Path,
               reference_dirs: Sequence[str | Path] = (), method_set: Sequence[str] | None = None,
-              split: str = "test") -> dict[str, Any]:
-    """Compare runs: per-method mean±std metrics, Δm%, mean rank, hypervolume, Pareto set, report."""
+              split: str = "test", paper_references: bool | None = None) -> dict[str, Any]:
+    """Compare runs: per-method mean±std metrics, Δm%, mean rank, hypervolume, Pareto set, report.
+
+    Δm% is computed against the single-task runs in ``reference_dirs`` ("own STL") and, labelled
+    separately, against the single-task values the papers publish ("paper STL",
+    ``Benchmark.published_references``): ``paper_references=None`` adds them when the benchmark has
+    them, ``True`` requires them, ``False`` leaves them out.
+    """
     from mtlflow.report import write_report
 
     if not run_dirs:
         raise InvalidParameterError("aggregate needs at least one run directory")
     runs = [read_run(d) for d in run_dirs]
     refs = [read_run(d) for d in reference_dirs]
-    summary = summarise(runs, refs, method_set=method_set, split=split)
+    summary = summarise(runs, refs, method_set=method_set, split=split, paper_references=paper_references)
     write_report(summary, runs, Path(out_dir))
     return summary
 
 
+def paper_reference_table(run: Mapping[str, Any], tasks: Sequence[str], wanted: bool | None) -> dict[str, Any] | None:
+    """The benchmark's published single-task metrics for ``tasks`` (see :func:`aggregate`), or None."""
+    if wanted is False:
+        return None
+    bench = benchmarks.build(run["benchmark"], **run.get("benchmark_config", {}))
+    published = bench.published_references()
+    metrics = published.restricted(tasks) if published is not None else {}
+    if not metrics:
+        if wanted:
+            raise InvalidParameterError(f"benchmark {run['benchmark']!r} publishes no single-task references for "
+                                        f"tasks {list(tasks)}; drop --paper-references")
+        return None
+    return {"label": published.label, "source": published.source, "note": published.note, "metrics": metrics}
+
+
 def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any]],
-              method_set: Sequence[str] | None = None, split: str = "test") -> dict[str, Any]:
+              method_set: Sequence[str] | None = None, split: str = "test",
+              paper_references: bool | None = None) -> dict[str, Any]:
     from mtlflow.scoring import delta_m, hypervolume, mean_rank, pareto_mask
     from mtlflow.taskmetrics import metric_error
 
@@ -175,6 +207,7 @@ def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any
     references = build_references(refs, split) if refs else None
     if references and references["data_hash"] not in hashes:
         raise DataError("single-task references were trained on another data version than the runs")
+    paper = paper_reference_table(runs[0]["run"], tasks, paper_references)
 
     by_method: dict[str, list[Mapping[str, Any]]] = {}
     for r in runs:
@@ -208,6 +241,11 @@ def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any
             row["delta_m"] = statistics.fmean(per_seed)
             row["delta_m_std"] = statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0
             row["delta_m_per_seed"] = per_seed
+        if paper:
+            per_seed = [delta_m(f, paper["metrics"], specs) for f in finals]
+            row["delta_m_paper"] = statistics.fmean(per_seed)
+            row["delta_m_paper_std"] = statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0
+            row["delta_m_paper_per_seed"] = per_seed
         rows[label] = row
     ranks = mean_rank({m: rows[m]["mean"] for m in declared}, specs)
     for m, r in ranks.items():
@@ -233,5 +271,6 @@ def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any
         "mean_rank_method_set": declared,
         "selection_rules": sorted({r["metrics"]["selection"]["rule"] for r in runs}),
         "references": references,
+        "paper_references": paper,
         "methods": rows,
     }

@@ -48,13 +48,22 @@ def validate_sweep(methods: Sequence[str], seeds: Sequence[int], method_hparams:
         registry.build(name, n_tasks, **hparams.get(name, {}))
 
 
+def canonical_hparams(method: str, hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """Hyper-parameters with the types their method declares (``alpha: 2`` -> ``2.0``), so a run is
+    labelled ``fairgrad(alpha=2.0)`` whether it came through a struct, the CLI or params.yaml."""
+    from mtlflow import methods as registry
+
+    declared = registry.get(method).hparams
+    return {k: declared[k].coerce(method, k, v) if k in declared else v for k, v in hparams.items()}
+
+
 def plan_runs(methods: Sequence[str], seeds: Sequence[int],
               method_hparams: Mapping[str, Any] | None = None) -> list[str]:
     seeds, method_hparams = from_struct(list(seeds)), from_struct(dict(method_hparams or {}))
     validate_sweep(methods, seeds, method_hparams)
     hparams = dict(method_hparams or {})
-    return [json.dumps({"method": m, "seed": int(s), "hparams": hparams.get(m, {})}, sort_keys=True)
-            for m in methods for s in seeds]
+    return [json.dumps({"method": m, "seed": int(s), "hparams": canonical_hparams(m, hparams.get(m, {}))},
+                       sort_keys=True) for m in methods for s in seeds]
 
 
 def plan_references(tasks: Sequence[str], seeds: Sequence[int]) -> list[str]:
@@ -65,3 +74,39 @@ def plan_references(tasks: Sequence[str], seeds: Sequence[int]) -> list[str]:
         raise InvalidParameterError("reference_seeds is empty; Δm% needs at least one single-task run per task")
     return [json.dumps({"method": "ls", "seed": int(s), "hparams": {}, "tasks": [t]}, sort_keys=True)
             for t in tasks for s in seeds]
+
+
+def plan_run(method: str, seed: int, hparams: Mapping[str, Any] | None = None) -> str:
+    """The spec of one run (the ``retrain`` pipeline): ``{"method", "seed", "hparams"}``."""
+    return plan_runs([method], [from_struct(seed)], {method: from_struct(dict(hparams or {}))} if hparams else {})[0]
+
+
+def run_key(run_spec: str, data_hash: str, epochs: int, train_options: Mapping[str, Any]) -> str:
+    """Directory name of a run under the checkpoint root: readable prefix + hash of everything that
+    determines the result (spec, data version, epochs, training options; not the device).
+
+    A retried or preempted task computes the same key and resumes from the checkpoint there.
+    """
+    import hashlib
+
+    spec = json.loads(run_spec)
+    options = {k: v for k, v in from_struct(dict(train_options)).items() if k != "device"}
+    digest = hashlib.sha256(json.dumps({"spec": spec, "data": data_hash, "epochs": int(epochs), "options": options},
+                                       sort_keys=True).encode()).hexdigest()[:16]
+    tasks = "-".join(spec.get("tasks") or [])
+    prefix = f"{spec['method']}-s{spec['seed']}" + (f"-{tasks}" if tasks else "")
+    return f"{prefix}-{digest}"
+
+
+#: KFP recurring runs use the 6-field cron format of robfig/cron: second minute hour day month weekday.
+CRON_FIELDS = ("second", "minute", "hour", "day-of-month", "month", "day-of-week")
+
+
+def validate_cron(expression: str) -> str:
+    """Check the field count of a KFP cron expression (6 fields, seconds first)."""
+    fields = str(expression).split()
+    if len(fields) != len(CRON_FIELDS):
+        hint = f"; prepend the seconds: '0 {expression.strip()}'" if len(fields) == 5 else ""
+        raise InvalidParameterError(f"cron {expression!r} has {len(fields)} fields but KFP needs 6 "
+                                    f"({' '.join(CRON_FIELDS)}), e.g. '0 0 3 * * *' for 03:00 daily{hint}")
+    return " ".join(fields)

@@ -21,8 +21,11 @@ def table_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     tasks, primary = summary["tasks"], summary["primary_metrics"]
     header = ["method", "seeds"] + [f"{t} {primary[t]}" for t in tasks]
     has_dm = summary["references"] is not None
+    paper = summary.get("paper_references")
     if has_dm:
-        header.append("Δm% ↓")
+        header.append("Δm% (own STL) ↓" if paper else "Δm% ↓")
+    if paper:
+        header.append(f"Δm% ({paper['label']}) ↓")
     header += ["MR ↓", "HV ↑", "Pareto", "step s"]
     rows = []
     for label, row in sorted(summary["methods"].items(),
@@ -33,6 +36,8 @@ def table_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
             cells.append(f"{row['mean'][t][m]:.4f} ± {row['std'][t][m]:.4f}")
         if has_dm:
             cells.append(f"{row['delta_m']:.2f} ± {row['delta_m_std']:.2f}")
+        if paper:
+            cells.append(f"{row['delta_m_paper']:.2f} ± {row['delta_m_paper_std']:.2f}")
         cells += [_fmt(row.get("mean_rank"), 2), _fmt(row["hypervolume"]), "yes" if row["pareto_optimal"] else "",
                   f"{row['step_seconds_median']:.4f}"]
         rows.append(cells)
@@ -58,6 +63,8 @@ def markdown_summary(summary: Mapping[str, Any]) -> str:
              f"- Δm% references: " + ("single-task runs " + ", ".join(
                  f"{t}: " + ", ".join(f"{m}={v:.4f}" for m, v in vals.items())
                  for t, vals in refs["metrics"].items()) if refs else "none (Δm% not computed)"),
+             *([f"- Δm% {summary['paper_references']['label']} references: "
+                f"{summary['paper_references']['source']}"] if summary.get("paper_references") else []),
              "", markdown_table(summary)]
     return "\n".join(parts)
 
@@ -152,11 +159,21 @@ selection rule(s): {html.escape(', '.join(summary['selection_rules']))}; the tes
 Hypervolume reference point {summary['hypervolume_reference_point']} on {html.escape(summary['hypervolume_objective'])};
 HV of all methods together: {summary['hypervolume_all_methods']:.4f}.
 Pareto set: {html.escape(', '.join(summary['pareto_set']))}.</p>
-<h2>Single-task references</h2>{ref_html}
+<h2>Single-task references</h2>{ref_html}{_paper_html(summary)}
 <h2>Pareto plot</h2>{img(pareto_png, 'Pareto plot')}
 <h2>Learning curves</h2>{img(curves_png, 'learning curves')}
 </body></html>
 """
+
+
+def _paper_html(summary: Mapping[str, Any]) -> str:
+    paper = summary.get("paper_references")
+    if not paper:
+        return ""
+    values = "".join(f"<li>{html.escape(t)}: " + ", ".join(f"{html.escape(m)} = {v:g}" for m, v in vals.items())
+                     + "</li>" for t, vals in paper["metrics"].items())
+    return (f"<p>Δm% ({html.escape(paper['label'])}) uses the published single-task values of "
+            f"{html.escape(paper['source'])}:</p><ul>{values}</ul>")
 
 
 def write_report(summary: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], out_dir: Path) -> None:

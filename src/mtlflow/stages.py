@@ -1,13 +1,16 @@
-"""DVC stages: ``mtlflow stage {prepare,train,reference,aggregate}`` read ``params.yaml`` and call
-the same :mod:`mtlflow.jobs` functions as the CLI and the Kubeflow components.
+"""DVC stages: ``mtlflow stage {prepare,train,reference,evaluate,aggregate,experiment}`` read
+``params.yaml`` and call the same :mod:`mtlflow.jobs` functions as the CLI and the Kubeflow components.
 
 Paths (relative to the DVC project root):
 
-* ``data/prepared``                      -- prepared benchmark data;
+* ``data/prepared``                      -- prepared benchmark data (DVC-tracked, pushed with ``dvc push``);
 * ``runs/mtl/<method>-s<seed>``          -- one run per (method, seed) of ``train.methods x train.seeds``;
 * ``runs/reference/<task>-s<seed>``      -- single-task reference runs;
-* ``metrics/train/<method>-s<seed>.json`` and ``metrics/summary.json`` -- DVC metrics;
-* ``reports/latest``                     -- the aggregate report (HTML, plots, tables).
+* ``runs/evaluation/<method>-s<seed>.json`` -- test-split evaluation of every sweep run;
+* ``runs/experiment/<method>-s<seed>``   -- the research run of ``train.method`` (``dvc exp run -S train.method=X``);
+* ``metrics/train/<method>-s<seed>.json``, ``metrics/evaluate.json``, ``metrics/summary.json`` and
+  ``metrics/experiment.json`` -- DVC metrics;
+* ``reports/latest`` and ``reports/experiment`` -- the aggregate reports (HTML, plots, tables).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from mtlflow.errors import InvalidParameterError
 DATA = Path("data/prepared")
 RUNS = Path("runs/mtl")
 REFERENCES = Path("runs/reference")
+EVALUATIONS = Path("runs/evaluation")
+EXPERIMENTS = Path("runs/experiment")
 
 
 def load_params(path: str | Path = "params.yaml") -> dict[str, Any]:
@@ -68,11 +73,51 @@ def stage_reference(params: dict[str, Any], task: str, seed: int) -> None:
                **_train_options(params))
 
 
+def _reference_dirs(params: dict[str, Any]) -> list[Path]:
+    ref = params["reference"]
+    return [REFERENCES / f"{t}-s{s}" for t in ref["tasks"] for s in ref["seeds"]]
+
+
+def _scores(summary: dict[str, Any]) -> dict[str, dict[str, float]]:
+    return {label: {k: row[k] for k in ("delta_m", "mean_rank", "hypervolume") if k in row}
+            for label, row in summary["methods"].items()}
+
+
+def stage_evaluate(params: dict[str, Any]) -> None:
+    """Evaluate the final model of every sweep run on the test split (checks the data version too)."""
+    train = params["train"]
+    flat = {}
+    for method in train["methods"]:
+        for seed in train["seeds"]:
+            name = run_name(method, seed)
+            result = jobs.evaluate(RUNS / name, DATA, split="test", out_file=EVALUATIONS / f"{name}.json")
+            flat[name] = flat_metrics(result["metrics"])
+    atomic.write_json(Path("metrics/evaluate.json"), flat)
+
+
 def stage_aggregate(params: dict[str, Any]) -> None:
-    train, ref = params["train"], params["reference"]
+    train = params["train"]
     runs = [RUNS / run_name(m, s) for m in train["methods"] for s in train["seeds"]]
-    refs = [REFERENCES / f"{t}-s{s}" for t in ref["tasks"] for s in ref["seeds"]]
-    summary = jobs.aggregate(runs, Path("reports/latest"), reference_dirs=refs)
-    atomic.write_json(Path("metrics/summary.json"), {
-        label: {k: row[k] for k in ("delta_m", "mean_rank", "hypervolume") if k in row}
-        for label, row in summary["methods"].items()})
+    summary = jobs.aggregate(runs, Path("reports/latest"), reference_dirs=_reference_dirs(params))
+    atomic.write_json(Path("metrics/summary.json"), _scores(summary))
+
+
+def stage_experiment(params: dict[str, Any]) -> None:
+    """The research loop: train ``train.method`` (one run per seed of ``train.seeds``) and score it
+    against the single-task references; ``dvc exp run -S train.method=X`` compares methods as experiments."""
+    train = params["train"]
+    method = train.get("method")
+    if not method:
+        raise InvalidParameterError("params.yaml lacks train.method; set it or run "
+                                    "`dvc exp run -S train.method=<name>`")
+    runs = []
+    for seed in train["seeds"]:
+        out = EXPERIMENTS / run_name(method, seed)
+        jobs.train(DATA, out, method=method, seed=seed, hparams=(train.get("method_hparams") or {}).get(method, {}),
+                   progress=False, **_train_options(params))
+        runs.append(out)
+    summary = jobs.aggregate(runs, Path("reports/experiment"), reference_dirs=_reference_dirs(params))
+    (label, row), = summary["methods"].items()
+    atomic.write_json(Path("metrics/experiment.json"), {
+        **_scores(summary)[label],
+        **{f"test.{k}": v for k, v in flat_metrics(row["mean"]).items()}})

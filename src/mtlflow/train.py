@@ -3,9 +3,15 @@
 One step: forward through the shared trunk and the heads, K task losses, then by method family
 
 * loss weighting: back-propagate ``method.objective(losses)``;
-* gradient methods: per-task gradients w.r.t. the shared parameters (K-loop engine; heads get their
-  plain gradients in the same autograd calls), ``direction = method.combine(grads, losses)``,
-  written into the shared parameters' ``.grad``;
+* gradient methods: the gradient engine (:mod:`mtlflow.grad_engine`) computes what ``method.requires``
+  asks for -- per-task gradients w.r.t. the shared parameters (backend ``config.grad_backend``, K-loop
+  by default), only their Gramian (``autogram``), or gradients w.r.t. the shared features
+  (``requires = REPRESENTATION`` or ``config.grad_wrt = "representation"``) -- then
+  ``direction = method.combine(grads, losses)`` is written into the shared parameters' ``.grad``, or,
+  for Gramian-weighting methods on the Gramian/representation paths, ``Σ w_i L_i`` is back-propagated
+  to the shared parameters; every head always gets its plain gradient ``∇L_i``. A Gramian-weighting
+  method with ``update_weights_every`` = N > 1 solves its weights every N steps; in between the step
+  reuses them and computes no per-task gradient (one backward pass);
 
 then, identically for every method and in this order: global rescaling (x K for methods whose
 direction is a convex combination, see ``Method.natural_scale``), gradient clipping (after the
@@ -51,11 +57,15 @@ from mtlflow.benchmarks.base import Benchmark, BenchmarkData
 from mtlflow.callbacks import Callback, StepState
 from mtlflow.errors import DataError, InvalidParameterError, NonFiniteLossError
 from mtlflow.evaluation import evaluate_model
-from mtlflow.grad_engine import task_jacobian, write_flat_grad
-from mtlflow.methods.base import GradientMethod, Method, StepContext
+from mtlflow.grad_engine import (BACKENDS, GRAD_WRT, AutogramGramian, ForwardPass, StepProblem, backward_heads,
+                                 backward_shared_weighted, jacobian_backend, representation_jacobian,
+                                 resolve_backend, task_jacobian, write_flat_grad)
+from mtlflow.methods.base import GradientMethod, GradInput, GramianWeighting, Method, StepContext
+from mtlflow.schedulers import build_scheduler, validate_scheduler
 from mtlflow.seeding import capture_rng_state, epoch_generator, restore_rng_state, seed_everything
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
+AMP_MODES = ("none", "bf16")
 EVAL_SPLITS = ("val", "test")
 
 
@@ -79,6 +89,20 @@ class TrainConfig:
     eval_batch_size: int = 512
     max_steps_per_epoch: int | None = None
     device: str = "cpu"
+    #: per-task gradient backend (``mtlflow.grad_engine.BACKENDS``); ``auto`` = ``loop``
+    grad_backend: str = "auto"
+    #: per-task gradients w.r.t. the shared ``parameters`` or the shared ``representation`` (MGDA-UB's bound)
+    grad_wrt: str = "parameters"
+    #: DataLoader worker processes; pinned host memory (``None``: pinned when training on a GPU)
+    num_workers: int = 0
+    pin_memory: bool | None = None
+    #: ``bf16``: forward pass and losses under ``torch.autocast`` in bfloat16 (GPU or CPU)
+    amp: str = "none"
+    #: deterministic algorithms (``torch.use_deterministic_algorithms``, no cudnn benchmarking)
+    deterministic: bool = True
+    #: per-epoch learning-rate schedule of the recipe (:mod:`mtlflow.schedulers`): none, plateau, step
+    scheduler: str = "none"
+    scheduler_options: dict[str, Any] = field(default_factory=dict)
 
     def resolved_device(self) -> torch.device:
         """``auto`` means the GPU when one is visible, else the CPU."""
@@ -106,6 +130,21 @@ class TrainConfig:
             bad(f"clip_grad_norm must be > 0 when set, got {self.clip_grad_norm!r}")
         if self.max_steps_per_epoch is not None and self.max_steps_per_epoch < 1:
             bad(f"max_steps_per_epoch must be >= 1 when set, got {self.max_steps_per_epoch!r}")
+        if self.grad_backend not in BACKENDS:
+            bad(f"unknown gradient backend {self.grad_backend!r}; valid gradient backends: {', '.join(BACKENDS)}")
+        if not isinstance(self.num_workers, int) or self.num_workers < 0:
+            bad(f"num_workers must be an integer >= 0, got {self.num_workers!r}")
+        if self.amp not in AMP_MODES:
+            bad(f"amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}")
+        validate_scheduler(self.scheduler, self.scheduler_options)
+        if self.grad_wrt not in GRAD_WRT:
+            bad(f"grad_wrt must be one of {', '.join(GRAD_WRT)}, got {self.grad_wrt!r}")
+        method = method_registry.get(self.method)
+        if self.grad_backend == "autogram" and needs_full_jacobian(method, self.grad_wrt):
+            bad(_AUTOGRAM_NEEDS_GRAMIAN.format(method=self.method))
+        if self.grad_wrt == "representation" and needs_full_jacobian(method):
+            bad(f"grad_wrt 'representation' applies to Gramian-weighting methods (their weights carry over to the "
+                f"parameters); {self.method!r} combines full gradients; use grad_wrt=parameters")
         _, window = parse_selection(self.select)
         if window > self.epochs:
             bad(f"selection rule {self.select!r} averages {window} epochs but the run has only {self.epochs}")
@@ -122,6 +161,17 @@ class TrainConfig:
         data.pop("epochs")
         data.pop("device")
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+_AUTOGRAM_NEEDS_GRAMIAN = ("grad_backend 'autogram' computes only the Gramian but method {method!r} needs the full "
+                           "Jacobian; use one of auto, loop, batched, func, autojac")
+
+
+def needs_full_jacobian(method: type[Method], grad_wrt: str = "parameters") -> bool:
+    """True when ``method`` combines the full Jacobian w.r.t. the shared parameters (not just its Gramian)."""
+    return (issubclass(method, GradientMethod) and not issubclass(method, GramianWeighting)
+            and not method.custom_step and method.requires is not GradInput.REPRESENTATION
+            and grad_wrt == "parameters")
 
 
 def parse_selection(rule: str) -> tuple[str, int]:
@@ -179,12 +229,34 @@ def _peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
-def _cosines_to_mean(grads: Tensor) -> Tensor:
-    gram = grads @ grads.T
+def _cosines_to_mean(gram: Tensor) -> Tensor:
+    """Cosine of every task gradient to the mean gradient, from the Gramian of the task gradients."""
     norms = gram.diagonal().clamp_min(0).sqrt()
     mean_dot = gram.mean(dim=1)
     mean_norm = gram.mean().clamp_min(0).sqrt()
     return mean_dot / (norms * mean_norm).clamp_min(1e-30)
+
+
+def _jacobian_cosines_to_mean(grads: Tensor) -> Tensor:
+    """Cosine of every row of ``grads [K, P]`` to their mean, in O(KP) (no K x K Gramian)."""
+    mean = grads.mean(dim=0)
+    return (grads @ mean) / (grads.norm(dim=1) * mean.norm()).clamp_min(1e-30)
+
+
+@dataclass
+class _StepWork:
+    """What the gradient engine computed for one step (see :meth:`Trainer._plan_gradients`); ``mode`` is
+    ``reuse`` on the amortised steps of a method with ``update_weights_every`` > 1."""
+
+    mode: str
+    forward: ForwardPass
+    jacobian: Tensor | None = None        # [K, P] w.r.t. the shared parameters
+    gramian: Tensor | None = None         # [K, K] w.r.t. the shared parameters (autogram)
+    representation: Tensor | None = None  # [K, numel(z)] w.r.t. the shared features
+
+    @property
+    def losses(self) -> Tensor:
+        return self.forward.stacked
 
 
 class Trainer:
@@ -202,17 +274,62 @@ class Trainer:
         for split in ("train", *EVAL_SPLITS):
             if split not in data.splits:
                 raise DataError(f"prepared data lacks the {split!r} split; re-run `mtlflow prepare`")
-        seed_everything(config.seed)
+        seed_everything(config.seed, config.deterministic)
         self.model = bench.make_model([t.name for t in self.tasks]).to(self.device)
         self.method: Method = method_registry.build(config.method, len(self.tasks), **config.hparams)
         self.method.to(self.device)
         self.callbacks: list[Callback] = list(callbacks)
         self.method.setup(self)
         self.optimizer = self._build_optimizer()
+        self.scheduler = build_scheduler(config.scheduler, config.scheduler_options, self.optimizer, bench,
+                                         [t.name for t in self.tasks], self._metric_specs())
         self.shared = self.model.shared_parameters()
         self.task_params = [self.model.task_parameters(i) for i in range(len(self.tasks))]
         self.history: list[dict[str, Any]] = []
         self.global_step = 0
+        self.gradient_mode, self.grad_backend = self._plan_gradients()
+        self._jacobian_backend = jacobian_backend(self.grad_backend) if self.gradient_mode == "jacobian" else None
+        self._autogram = AutogramGramian(self.model.trunk) if self.gradient_mode == "gramian" else None
+        #: N of the method's ``update_weights_every`` (Gramian-weighting methods only)
+        self.update_weights_every = (self.method.update_weights_every()
+                                     if isinstance(self.method, GramianWeighting) else 1)
+        #: the last solved weights, reused on amortised steps (checkpointed)
+        self.reused_weights: Tensor | None = None
+
+    def _plan_gradients(self) -> tuple[str, str | None]:
+        """(mode, backend): what the engine computes each step, checked before training starts.
+
+        Modes: ``custom`` (the method owns the step), ``losses`` (loss weighting: one backward of the
+        objective), ``jacobian`` (per-task gradients w.r.t. the shared parameters from a Jacobian
+        backend), ``gramian`` (the Gramian only, with autogram; Gramian-weighting methods) and
+        ``representation`` (per-task gradients w.r.t. the shared features). ``grad_backend`` applies
+        to gradients w.r.t. the shared parameters only; the other modes ignore it.
+        """
+        method, cfg = self.method, self.config
+        backend = resolve_backend(cfg.grad_backend, self.device)
+        jacobian_callbacks = [cb.name for cb in self.callbacks if cb.needs_jacobian]
+        if method.custom_step:
+            return "custom", None
+        if not isinstance(method, GradientMethod):
+            return "losses", None
+        if method.requires is GradInput.REPRESENTATION or cfg.grad_wrt == "representation":
+            if needs_full_jacobian(type(method)):  # TrainConfig.validate rejects this combination too
+                raise InvalidParameterError(f"grad_wrt 'representation' does not apply to {method.name!r}")
+            mode = "representation"
+        elif backend == "autogram":
+            if needs_full_jacobian(type(method)):
+                raise InvalidParameterError(_AUTOGRAM_NEEDS_GRAMIAN.format(method=method.name))
+            if not isinstance(getattr(self.model, "trunk", None), torch.nn.Module):
+                raise InvalidParameterError("grad_backend 'autogram' needs a model with a `trunk` module; use loop")
+            mode = "gramian"
+        else:
+            return "jacobian", backend
+        if jacobian_callbacks:
+            raise InvalidParameterError(
+                f"callback(s) {', '.join(jacobian_callbacks)} need per-task gradients w.r.t. the shared parameters, "
+                f"which the {mode} mode of {method.name!r} does not compute; use grad_wrt=parameters and a "
+                "Jacobian backend (loop, batched, func, autojac)")
+        return mode, "autogram" if mode == "gramian" else None
 
     # -- setup ---------------------------------------------------------------------------------
     def _build_optimizer(self) -> torch.optim.Optimizer:
@@ -228,17 +345,42 @@ class Trainer:
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
 
     def _loader(self, epoch: int) -> DataLoader:
-        return DataLoader(self.data.splits["train"], batch_size=self.config.batch_size, shuffle=True,
-                          generator=epoch_generator(self.config.seed, epoch), drop_last=False)
+        cfg = self.config
+        pin = self.device.type == "cuda" if cfg.pin_memory is None else cfg.pin_memory
+        return self.bench.make_loader(self.data.splits["train"], cfg.batch_size, shuffle=True,
+                                      generator=epoch_generator(cfg.seed, epoch), num_workers=cfg.num_workers,
+                                      pin_memory=pin)
 
     # -- one step ------------------------------------------------------------------------------
-    def _losses(self, batch: Any) -> tuple[Tensor, list[Tensor]]:
+    def _inputs_targets(self, batch: Any) -> tuple[Any, list[Tensor]]:
         inputs, targets = self.bench.unpack(batch)
         inputs = inputs.to(self.device) if hasattr(inputs, "to") else inputs
-        preds = self.model(inputs)
-        losses = [task.loss(pred, targets[idx].to(self.device))
-                  for task, pred, idx in zip(self.tasks, preds, self.task_index)]
-        return torch.stack(losses), losses
+        return inputs, [targets[idx].to(self.device) for idx in self.task_index]
+
+    def _task_losses(self, preds: Sequence[Tensor], targets: Sequence[Tensor]) -> list[Tensor]:
+        return [task.loss(pred, target) for task, pred, target in zip(self.tasks, preds, targets)]
+
+    def _forward(self, batch: Any) -> ForwardPass:
+        """Shared features z, then the heads and the K task losses (``model(x)`` split at z)."""
+        inputs, targets = self._inputs_targets(batch)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.amp == "bf16"):
+            features = self.model.features(inputs)
+            return ForwardPass(self._task_losses(self.model.forward_heads(features), targets), features)
+
+    def _step_problem(self, batch: Any) -> StepProblem:
+        """The batch as the engine sees it: a forward pass and its functional form (``torch.func``)."""
+        inputs, targets = self._inputs_targets(batch)
+
+        def functional_losses(overrides: dict[str, Tensor]) -> Tensor:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.amp == "bf16"):
+                preds = torch.func.functional_call(self.model, overrides, (inputs,))
+                return torch.stack(self._task_losses(preds, targets))
+
+        return StepProblem(self.model, self.shared, self.task_params, lambda: self._forward(batch), functional_losses)
+
+    def _losses(self, batch: Any) -> tuple[Tensor, list[Tensor]]:
+        forward = self._forward(batch)
+        return forward.stacked, forward.losses
 
     def _check_finite(self, losses: Tensor, epoch: int) -> None:
         if not torch.isfinite(losses).all():
@@ -258,20 +400,14 @@ class Trainer:
             info = self.method.training_step(self, batch, epoch)
             self.global_step += 1
             return info
-        need_jacobian = isinstance(self.method, GradientMethod) or any(cb.needs_jacobian for cb in self.callbacks)
         # A callback may change the parameters (a teleport) and ask for the step to be redone there.
         for attempt in (0, 1):
             self.optimizer.zero_grad(set_to_none=True)
-            stacked, losses = self._losses(batch)
-            self._check_finite(stacked, epoch)
-            grads = None
-            if need_jacobian:
-                gradient_method = isinstance(self.method, GradientMethod)
-                # heads get their plain gradients inside the loop only for gradient methods; a loss
-                # weighting method back-propagates its objective afterwards, so the graph is kept.
-                grads = task_jacobian(losses, self.shared, self.task_params if gradient_method else None,
-                                      retain_graph=not gradient_method)
-            state = StepState(epoch=epoch, step=self.global_step, batch=batch, losses=stacked.detach(), grads=grads)
+            started = time.perf_counter()
+            work = self._per_task_gradients(batch, epoch)
+            engine_seconds = time.perf_counter() - started
+            state = StepState(epoch=epoch, step=self.global_step, batch=batch, losses=work.losses.detach(),
+                              grads=work.jacobian)
             if attempt == 0 and any([cb.after_gradients(self, state) for cb in self.callbacks]):
                 continue
             break
@@ -280,25 +416,20 @@ class Trainer:
             with torch.no_grad():
                 return self._losses(batch)[0]
 
+        stacked = work.losses
         ctx = StepContext(step=self.global_step, epoch=epoch, losses=stacked.detach(), recompute_losses=recompute)
         self.method.before_backward(ctx)
         info: dict[str, Any] = {"losses": stacked.detach()}
-        k = len(self.tasks)
-        if isinstance(self.method, GradientMethod):
-            t0 = time.perf_counter()
-            direction = self.method.combine(grads, stacked.detach())
-            info["solver_seconds"] = time.perf_counter() - t0
-            if not torch.isfinite(direction).all():
-                raise NonFiniteLossError(f"{self.method.name} produced a non-finite update at step "
-                                         f"{self.global_step}; check the losses or lower --lr")
-            if self.config.rescale and self.method.natural_scale == "mean":
-                direction = direction * k
-            write_flat_grad(self.shared, direction)
-            state.direction = direction
-        else:
-            self.method.objective(stacked).backward()
-        if grads is not None and k > 1:
-            info["cosines"] = _cosines_to_mean(grads)
+        started = time.perf_counter()
+        solver_seconds = self._apply_update(work, state)
+        info["engine_seconds"] = engine_seconds + time.perf_counter() - started - (solver_seconds or 0.0)
+        if solver_seconds is not None:
+            info["solver_seconds"] = solver_seconds
+        if len(self.tasks) > 1:
+            if work.gramian is not None:
+                info["cosines"] = _cosines_to_mean(work.gramian)
+            elif work.jacobian is not None:
+                info["cosines"] = _jacobian_cosines_to_mean(work.jacobian)
         if self.config.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_grad_norm)
         for cb in self.callbacks:
@@ -312,6 +443,98 @@ class Trainer:
             info["weights"] = self.method.last_weights.detach().to("cpu", torch.float64)
         info.update(state.info)
         return info
+
+    def _reuses_weights(self) -> bool:
+        """An amortised step: the method's ``update_weights_every`` N > 1 and this step is not a multiple of N."""
+        return (self.update_weights_every > 1 and self.reused_weights is not None
+                and self.global_step % self.update_weights_every != 0)
+
+    def _per_task_gradients(self, batch: Any, epoch: int) -> "_StepWork":
+        """Forward pass and exactly the per-task gradient information this step's mode needs."""
+        mode = self.gradient_mode
+        if mode in ("jacobian", "gramian", "representation") and self._reuses_weights():
+            mode = "reuse"
+        if mode == "jacobian" and self._jacobian_backend.runs_forward:
+            forward, grads = self._jacobian_backend.jacobian(self._step_problem(batch))
+            self._check_finite(forward.stacked, epoch)
+            return _StepWork(mode, forward, jacobian=grads)
+        if mode == "gramian":
+            with self._autogram.hooked(self.model):
+                forward = self._forward(batch)
+            self._check_finite(forward.stacked, epoch)
+            return _StepWork(mode, forward, gramian=self._autogram.gramian(forward.stacked))
+        forward = self._forward(batch)
+        self._check_finite(forward.stacked, epoch)
+        if mode == "jacobian":
+            grads = self._jacobian_backend.differentiate(forward, self.shared, self.task_params, retain_graph=False)
+            return _StepWork(mode, forward, jacobian=grads)
+        if mode == "representation":
+            if not isinstance(forward.features, Tensor):
+                raise InvalidParameterError(f"{self.bench.name}'s shared features are not one tensor; "
+                                            "use grad_wrt=parameters and a method that does not need them")
+            return _StepWork(mode, forward, representation=representation_jacobian(forward, self.task_params))
+        # losses / reuse: the update back-propagates through this graph, so a callback's Jacobian keeps it
+        needs_jacobian = any(cb.needs_jacobian for cb in self.callbacks)
+        grads = task_jacobian(forward.losses, self.shared, retain_graph=True) if needs_jacobian else None
+        return _StepWork(mode, forward, jacobian=grads)
+
+    def _apply_update(self, work: "_StepWork", state: StepState) -> float | None:
+        """Write the method's update into ``.grad`` (heads: plain gradients); returns the solver time."""
+        method = self.method
+        scale = float(len(self.tasks)) if self.config.rescale and method.natural_scale == "mean" else 1.0
+        losses = work.losses.detach()
+        if work.mode == "losses":
+            objective = method.objective(work.losses)
+            (objective * scale if scale != 1.0 else objective).backward()
+            return None
+        if work.mode == "reuse":
+            method.last_weights = self.reused_weights  # what this step applies (also after a resume)
+            backward_heads(work.forward.losses, self.task_params)
+            backward_shared_weighted(work.forward.losses, self.reused_weights * scale, self.shared)
+            return None
+        if work.mode == "gramian":
+            # heads first: a method may rescale its heads' gradients inside the solver (IMTL, DB-MTL)
+            backward_heads(work.forward.losses, self.task_params)
+            started = time.perf_counter()
+            weights = self._solve_weights(work.gramian, losses)
+            solver_seconds = time.perf_counter() - started
+            backward_shared_weighted(work.forward.losses, weights * scale, self.shared)
+            return solver_seconds
+        started = time.perf_counter()
+        if work.mode == "jacobian":
+            direction = method.combine(work.jacobian, losses)
+            self._remember_weights()
+        elif isinstance(method, GramianWeighting):  # representation mode
+            rep = work.representation
+            direction = self._solve_weights(rep @ rep.T, losses).to(rep) @ rep
+        else:
+            direction = method.combine(work.representation, losses)
+        solver_seconds = time.perf_counter() - started
+        if not torch.isfinite(direction).all():
+            raise NonFiniteLossError(f"{method.name} produced a non-finite update at step "
+                                     f"{self.global_step}; check the losses or lower --lr")
+        if scale != 1.0:
+            direction = direction * scale
+        if work.mode == "jacobian":
+            write_flat_grad(self.shared, direction)
+            state.direction = direction
+        else:
+            features = work.forward.features
+            features.backward(direction.view_as(features).to(features.dtype))
+        return solver_seconds
+
+    def _solve_weights(self, gramian: Tensor, losses: Tensor) -> Tensor:
+        weights = self.method.weights_from_gramian(gramian, losses).to(losses)
+        if not torch.isfinite(weights).all():
+            raise NonFiniteLossError(f"{self.method.name} produced non-finite weights at step {self.global_step}; "
+                                     "check the losses or lower --lr")
+        self.method.last_weights = weights.detach()
+        self._remember_weights()
+        return weights
+
+    def _remember_weights(self) -> None:
+        if self.update_weights_every > 1 and self.method.last_weights is not None:
+            self.reused_weights = self.method.last_weights.detach().clone()
 
     # -- epochs --------------------------------------------------------------------------------
     def fit(self, resume: bool = False) -> dict[str, Any]:
@@ -328,6 +551,8 @@ class Trainer:
                 self._run_epoch(epoch, bar)
         except BaseException as exc:
             self._write_run_json("failed", error=f"{type(exc).__name__}: {exc}")
+            for cb in self.callbacks:
+                cb.on_train_failed(self, exc)
             raise
         finally:
             if bar is not None:
@@ -355,6 +580,7 @@ class Trainer:
         started = time.perf_counter()
         step_times: list[float] = []
         solver_times: list[float] = []
+        engine_times: list[float] = []
         loss_sums = torch.zeros(len(self.tasks), dtype=torch.float64)
         weight_sums: Tensor | None = None
         cos_sum = torch.zeros(len(self.tasks), dtype=torch.float64)
@@ -374,6 +600,8 @@ class Trainer:
             loss_sums += info["losses"].to("cpu", torch.float64)
             if "solver_seconds" in info:
                 solver_times.append(info["solver_seconds"])
+            if "engine_seconds" in info:
+                engine_times.append(info["engine_seconds"])
             if "weights" in info:
                 weight_sums = info["weights"] if weight_sums is None else weight_sums + info["weights"]
             if "cosines" in info:
@@ -398,9 +626,16 @@ class Trainer:
             "step_seconds_median": statistics.median(step_times) if step_times else 0.0,
             "samples_per_second": (n_steps * self.config.batch_size) / max(train_seconds, 1e-9),
             "peak_memory_bytes": _peak_memory_bytes(self.device),
+            "lr": self.optimizer.param_groups[0]["lr"],
         }
-        if solver_times:
+        if self.scheduler is not None:
+            record["scheduler_monitor"] = self.scheduler.step(splits["val"])
+        if solver_times:  # median over the steps that solved; per_step amortises over all steps
             record["solver_seconds_median"] = statistics.median(solver_times)
+            record["solver_seconds_per_step"] = sum(solver_times) / n_steps
+            record["weight_solves"] = len(solver_times)
+        if engine_times:
+            record["engine_seconds_median"] = statistics.median(engine_times)
         if weight_sums is not None:
             record["method_weights_mean"] = {t.name: float(v) for t, v in zip(self.tasks, weight_sums / n_steps)}
         if cos_steps:
@@ -466,6 +701,8 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "method": self.method.state_dict(),
             "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks},
+            "reused_weights": self.reused_weights,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "rng": capture_rng_state(),
             "history": self.history,
         }, self.out_dir / "checkpoint.pt")
@@ -488,6 +725,9 @@ class Trainer:
         self.method.load_state_dict(ckpt["method"])
         for cb in self.callbacks:
             cb.load_state_dict(ckpt.get("callbacks", {}).get(cb.name, {}))
+        self.reused_weights = ckpt.get("reused_weights")
+        if self.scheduler is not None and ckpt.get("scheduler") is not None:
+            self.scheduler.load_state_dict(ckpt["scheduler"])
         restore_rng_state(ckpt["rng"])
         self.history = list(ckpt["history"])
         self.global_step = int(ckpt["global_step"])

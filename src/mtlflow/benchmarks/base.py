@@ -17,7 +17,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from mtlflow import atomic
 from mtlflow.errors import DataError, InvalidParameterError
@@ -105,6 +105,31 @@ class BenchmarkData:
 
 
 @dataclass(frozen=True)
+class PublishedReferences:
+    """Single-task metrics from the literature: ``metrics[task][metric]``, with where they come from."""
+
+    label: str
+    source: str
+    metrics: dict[str, dict[str, float]]
+    note: str = ""
+
+    def restricted(self, tasks: Sequence[str]) -> dict[str, dict[str, float]]:
+        """The reference metrics of ``tasks`` (those the papers report)."""
+        return {t: dict(self.metrics[t]) for t in tasks if t in self.metrics}
+
+
+def seed_worker(worker_id: int) -> None:
+    """Seed ``random`` and NumPy in a DataLoader worker from the seed torch gave it."""
+    import random
+
+    import numpy as np
+
+    seed = torch.initial_seed() % (2**32)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+@dataclass(frozen=True)
 class ConfigField:
     default: Any
     help: str
@@ -121,6 +146,9 @@ class Benchmark:
     config_fields: ClassVar[dict[str, ConfigField]] = {}
     #: Training defaults of the benchmark's recipe (epochs, batch_size, lr, ...).
     train_defaults: ClassVar[dict[str, Any]] = {}
+    #: A configuration that runs on a laptop CPU in seconds to minutes (the tests use it):
+    #: ``{"options": {preparation options}, "train": {training overrides}}``.
+    cpu_smoke: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, **config: Any):
         unknown = sorted(set(config) - set(self.config_fields))
@@ -176,6 +204,22 @@ class Benchmark:
         """Split a collated batch into model inputs and the list of per-task targets."""
         inputs, targets = batch
         return inputs, list(targets)
+
+    def make_loader(self, dataset: Dataset, batch_size: int, shuffle: bool = False,
+                    generator: torch.Generator | None = None, num_workers: int = 0,
+                    pin_memory: bool = False) -> DataLoader:
+        """The DataLoader of one split; the trainer and the evaluation use it for every split.
+
+        Override it for custom batching (graph benchmarks return torch_geometric's loader). Workers
+        draw their seeds from ``generator``, so the data order and augmentations stay deterministic.
+        """
+        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
+                          num_workers=num_workers, pin_memory=pin_memory,
+                          worker_init_fn=seed_worker if num_workers else None)
+
+    def published_references(self) -> PublishedReferences | None:
+        """Single-task reference metrics published by the papers, for a labelled "paper STL" Δm%."""
+        return None
 
     def prepare(self, out_dir: str | Path) -> dict[str, Any]:
         """Write the benchmark data atomically into ``out_dir`` with a manifest and content hash."""

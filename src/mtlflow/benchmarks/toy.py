@@ -59,10 +59,16 @@ class Toy(Benchmark):
                 for i in range(2)]
 
     def method_defaults(self, method: str) -> dict[str, Any]:
-        # The toy losses are negative; FAMO's official toy script bounds them by (-21·scale, -21).
-        if method == "famo":
-            return {"min_losses": [-21.0 * float(self.config["scale"]), -21.0]}
-        return {}
+        # The toy losses are negative; methods working on log-losses or loss ratios need lower
+        # bounds, which FAMO's official toy script sets to (-21·scale, -21).
+        from mtlflow import methods
+
+        defaults: dict[str, Any] = {}
+        if "min_losses" in methods.get(method).hparams:
+            defaults["min_losses"] = [-21.0 * float(self.config["scale"]), -21.0]
+        if method == "famo":  # FAMO's toy run.sh uses γ = 0 (no weight decay on the logits)
+            defaults["gamma"] = 0.0
+        return defaults
 
     def write_data(self, out_dir: Path) -> dict[str, Any]:
         (out_dir / "start.txt").write_text(" ".join(map(str, START_POINTS[self.config["start"]])) + "\n")

@@ -79,6 +79,15 @@ def unit_interval(v: Any) -> bool:
     return 0 <= v <= 1
 
 
+#: Declare this hyper-parameter (``hparams = {"update_weights_every": UPDATE_WEIGHTS_EVERY, ...}``) in a
+#: :class:`GramianWeighting` method to let the trainer amortise its solver: the weights are solved every
+#: N steps and reused in between, and on a reuse step the trainer computes no per-task gradient at all
+#: (one backward pass of Σ w_i L_i, an O(1) step). Warm starts across solves are the method's business.
+UPDATE_WEIGHTS_EVERY = HParam(1, "solve the task weights every N steps and reuse them in between (the trainer "
+                              "then skips the per-task gradients: O(1) steps)", lambda v: v >= 1,
+                              "an integer >= 1", kind=int)
+
+
 @dataclass
 class StepContext:
     """What the trainer tells a method hook about the current step."""
@@ -136,7 +145,8 @@ class Method:
         return []
 
     def before_backward(self, ctx: StepContext) -> None:
-        """Called once per step after the forward pass, before any gradient is taken."""
+        """Called once per step after the forward pass (and, for gradient methods, after the per-task
+        gradients), before the method's update is applied."""
 
     def after_optimizer_step(self, ctx: StepContext) -> None:
         """Called once per step after ``optimizer.step()``."""
@@ -198,8 +208,12 @@ class GramianWeighting(GradientMethod):
     def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:
         raise NotImplementedError
 
+    def update_weights_every(self) -> int:
+        """N of the ``update_weights_every`` hyper-parameter when the method declares it, else 1."""
+        return int(self.hp.get("update_weights_every", 1))
+
     def combine(self, grads: Tensor, losses: Tensor) -> Tensor:
         gramian = grads @ grads.T
-        w = self.weights_from_gramian(gramian, losses).to(grads.dtype)
+        w = self.weights_from_gramian(gramian, losses).to(device=grads.device, dtype=grads.dtype)
         self.last_weights = w.detach()
         return w @ grads

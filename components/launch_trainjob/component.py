@@ -1,0 +1,53 @@
+"""launch_trainjob: multi-GPU training as a Kubeflow Trainer TrainJob (or a training-operator v1
+PyTorchJob) running the project image with ``torchrun -m mtlflow train``."""
+
+from kfp import dsl
+
+from components.image import IMAGE
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def launch_trainjob(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, train_options: dict,
+                    storage_root: str, run: dsl.Output[dsl.Artifact], model: dsl.Output[dsl.Model],
+                    kind: str = "TrainJob", num_nodes: int = 1, gpus_per_node: int = 2, image: str = "",
+                    namespace: str = "", timeout_seconds: int = 86400):
+    """Stage the dataset on the data PVC, submit the job (``kind`` TrainJob or PyTorchJob) in this
+    pod's namespace, wait for it, then copy the run directory from the checkpoints PVC to ``run``.
+
+    The job writes to ``<checkpoints>/<run key>`` with ``--resume``, and a retried launcher re-attaches
+    to a job of the same name, so neither a retry nor a restarted job loses finished epochs.
+    Needs RBAC on trainjobs/pytorchjobs for the pipeline runner (``k8s/base/rbac.yaml``).
+    """
+    import shutil
+    from pathlib import Path
+
+    from mtlflow import atomic, dvc_io, k8s_jobs
+    from mtlflow.errors import InvalidParameterError
+    from mtlflow.pipeline_specs import from_struct, run_key
+    from mtlflow.storage import StorageLayout
+
+    if not image:
+        raise InvalidParameterError("launch_trainjob needs the image the job runs (the project image)")
+    layout = StorageLayout(storage_root)
+    train_options = from_struct(train_options)
+    content_hash = data.metadata["content_hash"]
+    if data.metadata.get("dvc_hash"):
+        dvc_io.verify_directory(data.path, data.metadata["dvc_hash"])
+    staged = Path(layout.datasets) / content_hash
+    if not staged.is_dir():
+        with atomic.atomic_dir(staged) as tmp:
+            shutil.copytree(data.path, tmp, dirs_exist_ok=True)
+    key = run_key(run_spec, content_hash, epochs, train_options)
+    work_dir = Path(layout.checkpoints) / key
+    job = k8s_jobs.DistributedTraining(
+        name=k8s_jobs.job_name(key), namespace=namespace or k8s_jobs.current_namespace(), image=image,
+        command=k8s_jobs.train_command(str(staged), str(work_dir), run_spec, epochs, train_options),
+        num_nodes=num_nodes, gpus_per_node=gpus_per_node,
+        volumes=tuple(k8s_jobs.Volume(claim, layout.mount(claim)) for claim in ("mtlflow-data", "mtlflow-checkpoints")))
+    manifest = k8s_jobs.build_manifest(kind, job)
+    print(f"submitting {kind} {job.namespace}/{job.name}: {' '.join(job.command)}")
+    k8s_jobs.submit_and_wait(manifest, k8s_jobs.custom_objects_api(), timeout_seconds=timeout_seconds)
+    shutil.copytree(work_dir, run.path, ignore=shutil.ignore_patterns("checkpoint.pt"), dirs_exist_ok=True)
+    shutil.copyfile(work_dir / "model.pt", model.path)
+    run.metadata.update({"job": job.name, "kind": kind, "data_hash": content_hash, "num_nodes": num_nodes,
+                         "gpus_per_node": gpus_per_node})

@@ -1,0 +1,97 @@
+r"""benchmark_sweep: version the data, train every (method, seed) and the single-task references,
+evaluate, compare -- and always record how the run ended.
+
+    ExitHandler(record_status) {
+      prepare_data (DVC push) ─┬─ plan_runs ──────── ParallelFor(train → evaluate) ─┐
+                               └─ plan_references ── ParallelFor(train) ────────────┴─ aggregate
+    }
+
+On the cluster every ``train`` requests one GPU, CPU and memory, is retried with back-off and keeps
+its run directory on the checkpoints PVC, so a retried or preempted task resumes from its last
+epoch; loops run at most ``parallelism`` tasks at once. kfp.local ignores the cluster settings.
+"""
+
+from typing import List
+
+from kfp import dsl
+
+from components.aggregate.component import aggregate
+from components.evaluate.component import evaluate
+from components.plan_runs.component import plan_references, plan_runs
+from components.prepare_data.component import prepare_data
+from components.record_status.component import record_status
+from components.train.component import train
+from mtlflow.storage import CLUSTER_ROOT, StorageLayout
+from pipelines import cluster
+
+DEFAULT_METHODS = ["ls", "mgda", "famo", "fairgrad"]
+#: concurrent training tasks per loop on the cluster (a compile-time constant in KFP)
+PARALLELISM = 4
+
+
+def status_handler(pipeline: str, layout: StorageLayout, pushgateway="") -> dsl.PipelineTask:
+    """The exit task of a pipeline: records SUCCEEDED/FAILED with the error under the status dir (and
+    pushes it to the Pushgateway when one is given)."""
+    task = record_status(pipeline=pipeline, job_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, status_dir=layout.status,
+                         pushgateway=pushgateway)
+    task.set_display_name("record run status")
+    return cluster.mount(cluster.uncached(cluster.light(task)), layout, "mtlflow-checkpoints")
+
+
+def versioned_data(layout: StorageLayout, benchmark, data_options, data_version, dvc_remote) -> dsl.PipelineTask:
+    """prepare_data with the DVC remote (Secret on the cluster, the data volume's directory by default)."""
+    task = prepare_data(benchmark=benchmark, options=data_options, data_version=data_version,
+                        dvc_remote=dvc_remote, default_remote=layout.dvc_remote, dvc_cache=layout.dvc_cache)
+    task.set_display_name("prepare and version data")
+    return cluster.data_access(task, layout)
+
+
+def training(layout: StorageLayout, data, run_spec, epochs, train_options, pushgateway="",
+             pipeline_name: str = "") -> dsl.PipelineTask:
+    """One GPU training task that checkpoints to (and resumes from) the checkpoints volume and pushes
+    its telemetry to ``pushgateway`` (empty: off) labelled ``pipeline=pipeline_name``."""
+    task = train(data=data, run_spec=run_spec, epochs=epochs, train_options=train_options,
+                 checkpoint_root=layout.checkpoints, pushgateway=pushgateway, pipeline_name=pipeline_name)
+    return cluster.gpu_training(task, layout)
+
+
+def build_benchmark_sweep(parallelism: int = PARALLELISM, storage_root: str = CLUSTER_ROOT):
+    """The sweep with ``parallelism`` concurrent training tasks per loop and its state (DVC remote and
+    cache, checkpoints, status records) under ``storage_root``; both are compile-time settings (local
+    runs use the number of cores and a local folder)."""
+    layout = StorageLayout(storage_root)
+
+    @dsl.pipeline(name="mtlflow-benchmark-sweep", description="Version the data with DVC, train MTL methods x "
+                  "seeds and single-task references, evaluate, and compare them by Δm%, mean rank, "
+                  "hypervolume and Pareto set; the run status is always recorded.")
+    def benchmark_sweep(
+        benchmark: str = "multimnist",
+        data_options: dict = {},
+        data_version: str = "",
+        dvc_remote: str = "",
+        methods: List[str] = DEFAULT_METHODS,
+        seeds: List[int] = [0],
+        method_hparams: dict = {},
+        epochs: int = 10,
+        train_options: dict = {"device": "auto"},
+        reference_seeds: List[int] = [0],
+        pushgateway: str = "",
+    ):
+        with dsl.ExitHandler(status_handler("benchmark_sweep", layout, pushgateway), name="sweep"):
+            prep = versioned_data(layout, benchmark, data_options, data_version, dvc_remote)
+            data = prep.outputs["data"]
+            runs = cluster.light(plan_runs(methods=methods, seeds=seeds, method_hparams=method_hparams))
+            refs = cluster.light(plan_references(tasks=prep.outputs["Output"], seeds=reference_seeds))
+            with dsl.ParallelFor(runs.output, parallelism=parallelism) as run_spec:
+                trained = training(layout, data, run_spec, epochs, train_options, pushgateway, "benchmark_sweep")
+                trained.set_display_name("train method")
+                cluster.light(evaluate(data=data, run=trained.outputs["run"], split="test"))
+            with dsl.ParallelFor(refs.output, parallelism=parallelism) as ref_spec:
+                reference = training(layout, data, ref_spec, epochs, train_options, pushgateway, "benchmark_sweep")
+                reference.set_display_name("train single-task reference")
+            # not cached: a cached comparison would push nothing to the Pushgateway
+            cluster.uncached(cluster.light(aggregate(
+                runs=dsl.Collected(trained.outputs["run"]), references=dsl.Collected(reference.outputs["run"]),
+                method_set=methods, pushgateway=pushgateway, pipeline_name="benchmark_sweep")))
+
+    return benchmark_sweep

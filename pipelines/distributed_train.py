@@ -1,0 +1,52 @@
+r"""distributed_train: one method trained on several GPUs/nodes as a Kubeflow Trainer TrainJob
+(``job_kind=PyTorchJob`` for clusters with training-operator v1), then evaluated.
+
+    ExitHandler(record_status) { prepare_data → plan_run → launch_trainjob → evaluate }
+
+Cluster only: the launcher creates Kubernetes objects, which kfp.local cannot. The job runs the
+project image with ``torchrun -m mtlflow train`` on the PVCs of ``k8s/base``.
+"""
+
+from kfp import dsl
+
+from components.evaluate.component import evaluate
+from components.image import IMAGE
+from components.launch_trainjob.component import launch_trainjob
+from components.plan_runs.component import plan_run
+from mtlflow.storage import CLUSTER_ROOT, StorageLayout
+from pipelines import cluster
+from pipelines.benchmark_sweep import PARALLELISM, status_handler, versioned_data
+
+
+def build_distributed_train(parallelism: int = PARALLELISM, storage_root: str = CLUSTER_ROOT):
+    """``parallelism`` is unused (one job) and accepted for the common factory signature."""
+    layout = StorageLayout(storage_root)
+
+    @dsl.pipeline(name="mtlflow-distributed-train", description="Train one method with torchrun on several "
+                  "GPUs as a TrainJob (or PyTorchJob) and evaluate it.")
+    def distributed_train(
+        benchmark: str = "multimnist",
+        data_options: dict = {},
+        data_version: str = "",
+        dvc_remote: str = "",
+        method: str = "fairgrad",
+        seed: int = 0,
+        hparams: dict = {},
+        epochs: int = 10,
+        train_options: dict = {"device": "cuda"},
+        job_kind: str = "TrainJob",
+        num_nodes: int = 1,
+        gpus_per_node: int = 2,
+        pushgateway: str = "",
+    ):
+        with dsl.ExitHandler(status_handler("distributed_train", layout, pushgateway), name="distributed-train"):
+            prep = versioned_data(layout, benchmark, data_options, data_version, dvc_remote)
+            spec = cluster.light(plan_run(method=method, seed=seed, hparams=hparams))
+            job = launch_trainjob(data=prep.outputs["data"], run_spec=spec.output, epochs=epochs,
+                                  train_options=train_options, storage_root=layout.root, kind=job_kind,
+                                  num_nodes=num_nodes, gpus_per_node=gpus_per_node, image=IMAGE)
+            job.set_display_name("launch multi-GPU training job")
+            cluster.job_launcher(job, layout)
+            cluster.light(evaluate(data=prep.outputs["data"], run=job.outputs["run"], split="test"))
+
+    return distributed_train

@@ -1,0 +1,60 @@
+r"""retrain: retrain the production method on a new data version and promote it only if it beats
+the champion.
+
+    ExitHandler(record_status) {
+      prepare_data (pull data_version or prepare + DVC push) → plan_run → train (GPU, resumable)
+        → evaluate (test) → compare_to_champion ── If(better) → promote (model store, atomic)
+    }
+
+The champion's stored metrics live in the model store (``<storage>/models/<benchmark>/champion.json``,
+on the models PVC on the cluster). ``promote`` re-checks the comparison under the store's lock.
+"""
+
+from kfp import dsl
+
+from components.evaluate.component import evaluate
+from components.plan_runs.component import plan_run
+from components.promote.component import compare_to_champion, promote
+from mtlflow.storage import CLUSTER_ROOT, StorageLayout
+from pipelines import cluster
+from pipelines.benchmark_sweep import PARALLELISM, status_handler, training, versioned_data
+
+
+def build_retrain(parallelism: int = PARALLELISM, storage_root: str = CLUSTER_ROOT):
+    """``parallelism`` is unused (one run) and accepted for the common factory signature."""
+    layout = StorageLayout(storage_root)
+
+    @dsl.pipeline(name="mtlflow-retrain", description="Retrain one method on a new data version, evaluate it "
+                  "against the champion's stored test metrics and promote it to the model store if better.")
+    def retrain(
+        benchmark: str = "multimnist",
+        data_options: dict = {},
+        data_version: str = "",
+        dvc_remote: str = "",
+        method: str = "fairgrad",
+        seed: int = 0,
+        hparams: dict = {},
+        epochs: int = 10,
+        train_options: dict = {"device": "auto"},
+        min_improvement: float = 0.0,
+        pushgateway: str = "",
+    ):
+        with dsl.ExitHandler(status_handler("retrain", layout, pushgateway), name="retrain"):
+            prep = versioned_data(layout, benchmark, data_options, data_version, dvc_remote)
+            spec = cluster.light(plan_run(method=method, seed=seed, hparams=hparams))
+            trained = training(layout, prep.outputs["data"], spec.output, epochs, train_options, pushgateway,
+                               "retrain")
+            trained.set_display_name("train candidate")
+            scored = cluster.light(evaluate(data=prep.outputs["data"], run=trained.outputs["run"], split="test"))
+            decision = compare_to_champion(run=trained.outputs["run"], evaluation=scored.outputs["evaluation"],
+                                           model_store=layout.models, min_improvement=min_improvement)
+            decision.set_display_name("compare with champion")
+            cluster.mount(cluster.uncached(cluster.light(decision)), layout, "mtlflow-models")
+            with dsl.If(decision.output == True, name="better-than-champion"):  # noqa: E712 (KFP condition)
+                promoted = promote(run=trained.outputs["run"], evaluation=scored.outputs["evaluation"],
+                                   data=prep.outputs["data"], model_store=layout.models,
+                                   min_improvement=min_improvement)
+                promoted.set_display_name("promote to model store")
+                cluster.mount(cluster.uncached(cluster.light(promoted)), layout, "mtlflow-models")
+
+    return retrain

@@ -1,0 +1,49 @@
+"""RLW: random loss weighting.
+
+Lin, Ye, Zhang & Tsang, "Reasonable Effectiveness of Random Weighting: A Litmus Test for Multi-Task
+Learning", TMLR 2022 (RLW with the standard normal as sampling distribution, as in LibMTL, whose
+maintainer is the paper's first author). Each step draws fresh weights
+
+    λ̃ ~ N(0, I_K),   λ = softmax(λ̃),   L = Σ_i λ_i L_i,
+
+so λ lies on the simplex (as in LibMTL). ``natural_scale = "mean"``: the trainer's global rescaling
+multiplies the objective by K, which is the K·softmax of the Nash-MTL/FAMO code. The
+weights come from a generator owned by the method, seeded from the run seed in ``setup`` and saved in
+the checkpoint: a resumed run draws the same weights as an uninterrupted one and the global RNG
+streams (data order) do not depend on the method.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mtlflow.methods._support import MethodGenerator
+from mtlflow.methods.base import LossWeighting
+
+
+class RandomLossWeighting(LossWeighting):
+    name = "rlw"
+    paper = "Lin et al., Reasonable Effectiveness of Random Weighting: A Litmus Test for Multi-Task Learning, TMLR 2022"
+    equations = "λ = softmax(λ̃), λ̃ ~ N(0, I) each step; L = Σ_i λ_i L_i"
+    natural_scale = "mean"
+
+    def __init__(self, n_tasks: int, **hparams: Any):
+        super().__init__(n_tasks, **hparams)
+        self.rng = MethodGenerator(self.name)
+
+    def setup(self, trainer: Any) -> None:
+        self.rng.reseed(trainer.config.seed)
+
+    def weights(self, losses: Tensor) -> Tensor:
+        """Draws the weights of one step (each call draws anew)."""
+        logits = torch.randn(self.n_tasks, generator=self.rng.generator, dtype=torch.float64)
+        return torch.softmax(logits, dim=0).to(losses)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.rng.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.load_state_dict(state["generator"])

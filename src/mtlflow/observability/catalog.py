@@ -1,0 +1,115 @@
+"""Every Prometheus metric mtlflow exports: name, type, labels, meaning (one table, no prometheus_client).
+
+Conventions (Prometheus naming guide): the ``mtlflow_`` prefix, base units in the name (``_seconds``,
+``_bytes``), ``_total`` for counters, ``_timestamp_seconds`` for Unix times. Labels stay
+low-cardinality: the identity of a training run is (pipeline, benchmark, method, seed, tasks) --
+``method`` is the run label of the aggregate report (name plus non-default hyper-parameters, e.g.
+``fairgrad(alpha=2.0)``) and ``tasks`` is ``all`` for a multi-task run or the trained subset
+(``left`` for a single-task reference). Run ids never become labels of a metric or of a Pushgateway
+grouping key (a grouping key is kept by the Pushgateway until deleted); the pipeline run name appears
+only in the ``run`` label of the single ``mtlflow_pipeline_last_run_info`` series per pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: labels identifying one training run (also its Pushgateway grouping key)
+TRAIN_IDENTITY = ("pipeline", "benchmark", "method", "seed", "tasks")
+#: labels of the aggregate (sweep comparison) metrics; grouping key: pipeline, benchmark
+AGGREGATE_IDENTITY = ("pipeline", "benchmark", "method")
+#: labels of the pipeline-run status metrics; grouping key: pipeline
+PIPELINE_IDENTITY = ("pipeline",)
+
+#: Pushgateway ``job`` label of each exporter
+TRAIN_JOB = "mtlflow_train"
+AGGREGATE_JOB = "mtlflow_aggregate"
+PIPELINE_JOB = "mtlflow_pipeline"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    kind: str  # "gauge" or "counter" (a counter's name carries the _total suffix)
+    labels: tuple[str, ...]
+    help: str
+
+    @property
+    def base_name(self) -> str:
+        """The name prometheus_client is given (it appends ``_total`` to counters itself)."""
+        return self.name.removesuffix("_total") if self.kind == "counter" else self.name
+
+
+def _train(name: str, kind: str, extra: tuple[str, ...], help_text: str) -> MetricSpec:
+    return MetricSpec(name, kind, TRAIN_IDENTITY + extra, help_text)
+
+
+TRAIN_METRICS: tuple[MetricSpec, ...] = (
+    _train("mtlflow_train_epoch", "gauge", (), "Last completed epoch."),
+    _train("mtlflow_train_planned_epochs", "gauge", (), "Epochs the run is configured to train."),
+    _train("mtlflow_train_steps_total", "counter", (), "Optimisation steps completed by the run."),
+    _train("mtlflow_train_loss", "gauge", ("task",), "Mean training loss of the task over the last epoch."),
+    _train("mtlflow_eval_loss", "gauge", ("task", "split"), "Loss of the task on a split after the last epoch."),
+    _train("mtlflow_eval_metric", "gauge", ("task", "split", "metric"),
+           "Metric of the task on a split after the last epoch (accuracy, F1, MAE, ...)."),
+    _train("mtlflow_final_metric", "gauge", ("task", "split", "metric"),
+           "Selected final metric of the finished run (the run's selection rule: last epoch or last-k mean)."),
+    _train("mtlflow_gradient_conflict_ratio", "gauge", (),
+           "Fraction of the last epoch's steps where some task gradient has a negative cosine to the mean gradient."),
+    _train("mtlflow_gradient_cosine_to_mean", "gauge", ("task",),
+           "Mean cosine of the task gradient to the mean task gradient over the last epoch."),
+    _train("mtlflow_method_weight", "gauge", ("task",), "Mean weight the method gave the task over the last epoch."),
+    _train("mtlflow_teleports_total", "counter", (),
+           "Teleports performed by COST (sum of the epoch records' cost.teleports)."),
+    _train("mtlflow_train_step_median_seconds", "gauge", (),
+           "Median wall time of one training step in the last epoch."),
+    _train("mtlflow_solver_median_seconds", "gauge", (),
+           "Median time of the method's solver per solving step in the last epoch."),
+    _train("mtlflow_train_epoch_seconds", "gauge", (), "Wall time of the last epoch including evaluation."),
+    _train("mtlflow_train_samples_per_second", "gauge", (), "Training throughput of the last epoch."),
+    _train("mtlflow_train_peak_memory_bytes", "gauge", ("device",),
+           "Peak memory of the last epoch: CUDA allocator peak, or peak resident set size on the CPU."),
+    _train("mtlflow_train_running", "gauge", (), "1 while the run trains, 0 once it completed or failed."),
+    _train("mtlflow_train_failed", "gauge", (), "1 when the run stopped with an error."),
+    _train("mtlflow_train_nonfinite_loss", "gauge", (), "1 when the run stopped on a NaN or infinite loss."),
+    _train("mtlflow_train_start_timestamp_seconds", "gauge", (), "Unix time the run (or its resumption) started."),
+    _train("mtlflow_train_last_progress_timestamp_seconds", "gauge", (),
+           "Unix time of the last completed step or epoch."),
+    _train("mtlflow_train_last_epoch_timestamp_seconds", "gauge", (), "Unix time the last epoch completed."),
+    _train("mtlflow_train_last_success_timestamp_seconds", "gauge", (),
+           "Unix time the run last completed successfully (not overwritten by a failed run)."),
+)
+
+AGGREGATE_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("mtlflow_delta_m_percent", "gauge", AGGREGATE_IDENTITY + ("reference",),
+               "Δm% of the method against single-task references (reference=own: the sweep's own single-task "
+               "runs; paper: published values), mean over seeds; lower is better."),
+    MetricSpec("mtlflow_mean_rank", "gauge", AGGREGATE_IDENTITY,
+               "Mean rank of the method over the declared method set."),
+    MetricSpec("mtlflow_hypervolume", "gauge", AGGREGATE_IDENTITY,
+               "Hypervolume of the method's per-task errors against the benchmark's reference point."),
+    MetricSpec("mtlflow_pareto_optimal", "gauge", AGGREGATE_IDENTITY, "1 when the method is in the Pareto set."),
+    MetricSpec("mtlflow_aggregate_last_success_timestamp_seconds", "gauge", ("pipeline", "benchmark"),
+               "Unix time the comparison was last computed."),
+)
+
+PIPELINE_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("mtlflow_pipeline_last_run_succeeded", "gauge", PIPELINE_IDENTITY,
+               "1 when the pipeline's last run ended SUCCEEDED, 0 when it failed or was cancelled."),
+    MetricSpec("mtlflow_pipeline_last_run_timestamp_seconds", "gauge", PIPELINE_IDENTITY,
+               "Unix time the pipeline's last run ended."),
+    MetricSpec("mtlflow_pipeline_last_success_timestamp_seconds", "gauge", PIPELINE_IDENTITY,
+               "Unix time of the pipeline's last successful run."),
+    MetricSpec("mtlflow_pipeline_last_run_info", "gauge", PIPELINE_IDENTITY + ("run", "state"),
+               "Always 1; the labels name the last run and its final state."),
+)
+
+ALL_METRICS: tuple[MetricSpec, ...] = TRAIN_METRICS + AGGREGATE_METRICS + PIPELINE_METRICS
+
+
+def spec(name: str) -> MetricSpec:
+    """The catalogue entry of metric ``name``."""
+    for entry in ALL_METRICS:
+        if entry.name == name:
+            return entry
+    raise KeyError(name)

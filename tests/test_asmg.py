@@ -1,0 +1,187 @@
+"""ASMG (Ye, PhD thesis ch. 4): the estimators are unbiased on a quadratic, λ solves Eq. 4.10, the synthetic
+problems converge, the trainer methods never differentiate the model, and the experiment command writes
+its plot and table."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtlflow import benchmarks, jobs
+from mtlflow.benchmarks.asmg_synthetic import PROBLEMS, mixed_ellipsoid_rastrigin, shift_l1_ellipsoid, start_point
+from mtlflow.blackbox.asmg import (ASMG, ASMGConfig, asmg_lambda, covariance_gradient, mean_gradient, minimize,
+                                   smoothing_estimates)
+from mtlflow.cli import main
+from mtlflow.errors import NonFiniteLossError
+from mtlflow.train import TrainConfig, Trainer
+
+D = 4
+
+
+def quadratics(x: torch.Tensor) -> torch.Tensor:
+    """Two quadratics F_i(x) = ½ (x − c_i)ᵀ A_i (x − c_i) with dense A_i, on points [n, d] -> [n, 2]."""
+    gen = torch.Generator().manual_seed(11)
+    values = []
+    for _ in range(2):
+        b = torch.randn(D, D, generator=gen, dtype=torch.float64)
+        a = b @ b.T / D + torch.eye(D, dtype=torch.float64)
+        c = torch.randn(D, generator=gen, dtype=torch.float64)
+        diff = x - c
+        values.append(0.5 * ((diff @ a) * diff).sum(-1))
+    return torch.stack(values, dim=-1)
+
+
+def true_smoothed_gradients(mu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """∇_μ J_i = A_i(μ − c_i) and diag ∇_Σ J_i = ½ diag(A_i) for J_i(μ, Σ) = F_i(μ) + ½ tr(A_i Σ)."""
+    gen = torch.Generator().manual_seed(11)
+    grads, diags = [], []
+    for _ in range(2):
+        b = torch.randn(D, D, generator=gen, dtype=torch.float64)
+        a = b @ b.T / D + torch.eye(D, dtype=torch.float64)
+        c = torch.randn(D, generator=gen, dtype=torch.float64)
+        grads.append(a @ (mu - c))
+        diags.append(0.5 * torch.diagonal(a))
+    return torch.stack(grads), torch.stack(diags)
+
+
+def test_estimators_are_unbiased_on_a_quadratic() -> None:
+    mu = torch.tensor([0.5, -1.0, 2.0, 0.3], dtype=torch.float64)
+    sigma = torch.tensor([0.3, 1.5, 0.8, 2.0], dtype=torch.float64)
+    n = 400_000
+    z = torch.randn(n, D, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    values = quadratics(mu + sigma.sqrt() * z)
+    center = quadratics(mu.reshape(1, -1))[0]
+    p_hat, h_hat = smoothing_estimates(z, values, center)
+    g_hat, big_g_hat = mean_gradient(p_hat, sigma), covariance_gradient(h_hat, sigma)
+    true_g, true_big_g = true_smoothed_gradients(mu)
+    # standard errors of the means from the per-sample terms of Eqs. 4.15 and 4.16
+    delta = values - center
+    g_terms = (z / sigma.sqrt()).unsqueeze(1) * delta.unsqueeze(2)                       # [n, m, d]
+    big_g_terms = ((z * z - 1) / (2 * sigma)).unsqueeze(1) * delta.unsqueeze(2)
+    g_se = g_terms.std(0) / math.sqrt(n)
+    big_g_se = big_g_terms.std(0) / math.sqrt(n)
+    assert torch.all((g_hat - true_g).abs() < 5 * g_se), (g_hat, true_g)
+    assert torch.all((big_g_hat - true_big_g).abs() < 5 * big_g_se), (big_g_hat, true_big_g)
+    # and the estimates are informative: errors far below the signal
+    assert float((g_hat - true_g).norm() / true_g.norm()) < 0.02
+
+
+def test_lambda_is_the_min_norm_point_of_eq_4_10() -> None:
+    gen = torch.Generator().manual_seed(3)
+    p_hat, h_hat = torch.randn(2, 7, generator=gen, dtype=torch.float64), torch.randn(2, 7, generator=gen,
+                                                                                     dtype=torch.float64)
+    lam = asmg_lambda(p_hat, h_hat)
+    grid = torch.linspace(0, 1, 20001, dtype=torch.float64)
+    weights = torch.stack([grid, 1 - grid], dim=1)
+    objective = (weights @ p_hat).pow(2).sum(1) + 2 * (weights @ h_hat).pow(2).sum(1)
+    best = weights[int(objective.argmin())]
+    assert float(lam.sum()) == pytest.approx(1.0)
+    torch.testing.assert_close(lam, best, atol=1e-4, rtol=0)
+
+
+def test_momentum_and_equal_weights() -> None:
+    x0 = start_point(10, 0)
+    adaptive = ASMG(x0, 2, ASMGConfig(beta=0.1, n_samples=10), seed=1)
+    samples = adaptive.ask()
+    step = adaptive.tell(shift_l1_ellipsoid(samples), shift_l1_ellipsoid(x0.reshape(1, -1))[0])
+    torch.testing.assert_close(step.lam, step.lam_solved)                 # γ_0 = 1: λ^0 = λ̃^0
+    equal = minimize(shift_l1_ellipsoid, x0, 5, ASMGConfig(beta=0.1, n_samples=10, weighting="equal"))
+    torch.testing.assert_close(equal.lam, torch.full((2,), 0.5, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("problem", list(PROBLEMS))
+def test_asmg_reaches_high_precision_on_the_synthetic_problems(problem: str) -> None:
+    spec = PROBLEMS[problem]
+    optimizer = minimize(spec.objectives, start_point(5, 0), 1500, ASMGConfig(beta=0.1, n_samples=10), seed=0,
+                         callback=lambda t, opt, step: float(spec.distance(opt.mean)) <= 1e-5)
+    assert float(spec.distance(optimizer.mean)) <= 1e-5, optimizer.t
+    assert optimizer.clipped == 0
+
+
+def test_raw_update_overshoot_is_an_error_without_the_guard() -> None:
+    config = ASMGConfig(beta=0.1, n_samples=10, update="raw", min_precision_ratio=0.0)
+    with pytest.raises(NonFiniteLossError, match="non-positive"):
+        minimize(mixed_ellipsoid_rastrigin, start_point(100, 0), 3, config)
+
+
+def test_state_dict_continues_exactly() -> None:
+    config = ASMGConfig(beta=0.1, n_samples=10)
+    a = minimize(shift_l1_ellipsoid, start_point(10, 0), 5, config, seed=4)
+    b = ASMG(start_point(10, 0), 2, config)
+    b.load_state_dict(a.state_dict())
+    for opt in (a, b):
+        x = opt.ask()
+        opt.tell(shift_l1_ellipsoid(x), shift_l1_ellipsoid(opt.mean.reshape(1, -1))[0])
+    torch.testing.assert_close(a.mean, b.mean, rtol=0, atol=0)
+    torch.testing.assert_close(a.precision, b.precision, rtol=0, atol=0)
+
+
+def test_trainer_method_uses_loss_evaluations_only(multimnist_small: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.set_num_threads(1)
+    seed_run = tmp_path / "ls"
+    jobs.train(multimnist_small, seed_run, method="ls", epochs=1, batch_size=64, max_steps_per_epoch=2, progress=False)
+
+    def no_autograd(*args, **kwargs):
+        raise AssertionError("ASMG must not differentiate the model")
+
+    bench, data = jobs.load_prepared(multimnist_small)
+    config = TrainConfig(method="asmg", epochs=1, batch_size=32, max_steps_per_epoch=2,
+                         hparams={"params": "head-last", "init_from": str(seed_run / "model.pt"), "reinit": True,
+                                  "n_samples": 6, "sigma0": 0.01})
+    trainer = Trainer(bench, data, config, tmp_path / "asmg", progress=False)
+    start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trained = torch.load(seed_run / "model.pt", weights_only=False)["state_dict"]
+    monkeypatch.setattr(torch.Tensor, "backward", no_autograd)
+    monkeypatch.setattr(torch.autograd, "grad", no_autograd)
+    trainer.fit()
+    monkeypatch.undo()
+    assert all(p.grad is None for p in trainer.model.parameters())
+    end = trainer.model.state_dict()
+    for key in end:
+        if key.startswith("trunk."):  # the frozen trunk is the trained one, untouched
+            assert torch.equal(end[key], trained[key]) and torch.equal(start[key], trained[key]), key
+    last = [k for k in end if k.startswith("heads.") and k.split(".")[2] == "2"]   # head = Linear, ReLU, Linear
+    assert last and all(not torch.equal(end[k], start[k]) for k in last)           # the tuned layers moved
+    assert all(torch.equal(end[k], start[k]) for k in end if k.startswith("heads.") and k not in last)
+    assert not torch.equal(start[last[0]], trained[last[0]])                       # reinit happened
+    metrics = json.loads((tmp_path / "asmg" / "metrics.json").read_text())
+    assert all(math.isfinite(v) for v in metrics["epochs"][0]["train_loss"].values())
+
+
+def test_synthetic_benchmark_trains_with_asmg(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    jobs.prepare("asmg-synthetic", data, problem="lhalf-ellipsoid", dim=10, steps_per_epoch=60)
+    bench = benchmarks.build("asmg-synthetic", problem="lhalf-ellipsoid", dim=10)
+    assert bench.method_defaults("asmg") == {"beta": 0.1, "n_samples": 50}
+    jobs.train(data, tmp_path / "run", method="asmg", epochs=1, progress=False)
+    x = torch.load(tmp_path / "run" / "model.pt", weights_only=False)["state_dict"]["trunk.x"]
+    assert float(PROBLEMS["lhalf-ellipsoid"].distance(x)) < 0.25 * float(
+        PROBLEMS["lhalf-ellipsoid"].distance(start_point(10, 0)))
+
+
+def test_asmg_synthetic_command_writes_plot_and_table(tmp_path: Path) -> None:
+    out = tmp_path / "syn"
+    code = main(["asmg-synthetic", "--problems", "l1-ellipsoid,lhalf-ellipsoid", "--n", "10,20", "--seeds", "0",
+                 "--methods", "asmg,asmg-ew", "--dim", "4", "--iterations", "800", "--out", str(out), "--no-progress"])
+    assert code == 0
+    summary = json.loads((out / "results.json").read_text())
+    assert len(summary["cells"]) == 2 * 2 * 2 and len(summary["runs"]) == 8
+    assert (out / "convergence.png").stat().st_size > 10_000
+    table = (out / "results.md").read_text()
+    assert "| problem | method | N | final ℰ (mean) |" in table and "| l1-ellipsoid | asmg-ew | 20 |" in table
+    asmg_cells = [c for c in summary["cells"] if c["method"] == "asmg"]
+    assert all(c["seeds_reaching_target"] == 1 for c in asmg_cells)
+    assert all(c["evaluations_to_target"] == c["iterations_to_target"] * (c["n_samples"] + 1) for c in asmg_cells)
+
+
+def test_asmg_synthetic_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["asmg-synthetic", "--problems", "sphere", "--out", str(tmp_path / "a")]) == 2
+    assert "unknown problem(s) sphere" in capsys.readouterr().err
+    assert main(["asmg-synthetic", "--n", "10,x", "--out", str(tmp_path / "b")]) == 2
+    assert "--n must be a comma-separated list of integers" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

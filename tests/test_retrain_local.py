@@ -1,0 +1,33 @@
+"""retrain end to end with kfp.local: prepare + version data, train, evaluate, compare with the
+(empty) model store and promote through dsl.If; the no-promotion branch is covered by
+components/promote/test_component.py on real runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelines import runner
+
+TINY = {"data_options": {"n_train": 300, "n_val": 100, "n_test": 100}, "method": "fairgrad",
+        "hparams": {"alpha": 2.0}, "epochs": 1, "train_options": {"batch_size": 100}}
+
+
+@pytest.mark.slow
+def test_retrain_promotes_the_first_model_into_an_empty_store(tmp_path):
+    store_root = tmp_path / "shared-storage"
+    result = json.loads(runner.run_local(TINY, workdir=tmp_path / "run", pipeline="retrain",
+                                         storage_root=store_root).read_text())
+    assert result["promoted"] is True and result["status"]["state"] == "SUCCEEDED"
+    champion = result["champion"]
+    assert champion["method"] == "fairgrad" and champion["label"] == "fairgrad(alpha=2.0)"
+    assert champion["data"]["dvc_hash"].endswith(".dir") and champion["data"]["content_hash"] == champion["data_hash"]
+    version = Path(champion["path"])
+    assert version.parent.parent == store_root / "models" / "multimnist"
+    assert {p.name for p in version.iterdir()} == {"model.pt", "run.json", "metrics.json", "evaluation.json",
+                                                   "metadata.json"}
+    stored = json.loads((version / "evaluation.json").read_text())
+    assert stored["metrics"] == champion["metrics"] and stored["split"] == "test"
+    assert 0.0 <= champion["error"] <= 1.0
