@@ -47,11 +47,14 @@ def versioned_data(layout: StorageLayout, benchmark, data_options, data_version,
 
 
 def training(layout: StorageLayout, data, run_spec, epochs, train_options, pushgateway="",
-             pipeline_name: str = "") -> dsl.PipelineTask:
-    """One GPU training task that checkpoints to (and resumes from) the checkpoints volume and pushes
-    its telemetry to ``pushgateway`` (empty: off) labelled ``pipeline=pipeline_name``."""
+             pipeline_name: str = "", teleport=None, teleport_options=None) -> dsl.PipelineTask:
+    """One GPU training task that checkpoints to (and resumes from) the checkpoints volume -- in a
+    directory of this pipeline run only -- and pushes its telemetry to ``pushgateway`` (empty: off)
+    labelled ``pipeline=pipeline_name``."""
     task = train(data=data, run_spec=run_spec, epochs=epochs, train_options=train_options,
-                 checkpoint_root=layout.checkpoints, pushgateway=pushgateway, pipeline_name=pipeline_name)
+                 checkpoint_root=layout.checkpoints, pushgateway=pushgateway, pipeline_name=pipeline_name,
+                 run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                 **({} if teleport is None else {"teleport": teleport, "teleport_options": teleport_options}))
     return cluster.gpu_training(task, layout)
 
 
@@ -76,6 +79,8 @@ def build_benchmark_sweep(parallelism: int = PARALLELISM, storage_root: str = CL
         train_options: dict = {"device": "auto"},
         reference_seeds: List[int] = [0],
         pushgateway: str = "",
+        teleport: str = "",
+        teleport_options: dict = {},
     ):
         with dsl.ExitHandler(status_handler("benchmark_sweep", layout, pushgateway), name="sweep"):
             prep = versioned_data(layout, benchmark, data_options, data_version, dvc_remote)
@@ -83,7 +88,8 @@ def build_benchmark_sweep(parallelism: int = PARALLELISM, storage_root: str = CL
             runs = cluster.light(plan_runs(methods=methods, seeds=seeds, method_hparams=method_hparams))
             refs = cluster.light(plan_references(tasks=prep.outputs["Output"], seeds=reference_seeds))
             with dsl.ParallelFor(runs.output, parallelism=parallelism) as run_spec:
-                trained = training(layout, data, run_spec, epochs, train_options, pushgateway, "benchmark_sweep")
+                trained = training(layout, data, run_spec, epochs, train_options, pushgateway, "benchmark_sweep",
+                                   teleport=teleport, teleport_options=teleport_options)
                 trained.set_display_name("train method")
                 cluster.light(evaluate(data=data, run=trained.outputs["run"], split="test"))
             with dsl.ParallelFor(refs.output, parallelism=parallelism) as ref_spec:

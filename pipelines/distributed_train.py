@@ -4,7 +4,12 @@ r"""distributed_train: one method trained on several GPUs/nodes as a Kubeflow Tr
     ExitHandler(record_status) { prepare_data → plan_run → launch_trainjob → evaluate }
 
 Cluster only: the launcher creates Kubernetes objects, which kfp.local cannot. The job runs the
-project image with ``torchrun -m mtlflow train`` on the PVCs of ``k8s/base``.
+project image with ``torchrun -m mtlflow train ... --resume`` on the PVCs of ``k8s/base``: torchrun
+takes its topology from the ``PET_*`` variables the operator sets (Kubeflow Trainer's torch runtime;
+for PyTorchJob a training-operator release that sets ``PET_MASTER_ADDR``), each process trains on its
+GPU (``LOCAL_RANK``, NCCL) and its shard of every global batch of ``num_nodes x gpus_per_node x
+train_options.batch_size`` samples (:mod:`mtlflow.distributed`), and rank 0 writes the run directory
+on the checkpoints volume.
 """
 
 from kfp import dsl
@@ -44,7 +49,8 @@ def build_distributed_train(parallelism: int = PARALLELISM, storage_root: str = 
             spec = cluster.light(plan_run(method=method, seed=seed, hparams=hparams))
             job = launch_trainjob(data=prep.outputs["data"], run_spec=spec.output, epochs=epochs,
                                   train_options=train_options, storage_root=layout.root, kind=job_kind,
-                                  num_nodes=num_nodes, gpus_per_node=gpus_per_node, image=IMAGE)
+                                  num_nodes=num_nodes, gpus_per_node=gpus_per_node, image=IMAGE,
+                                  run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
             job.set_display_name("launch multi-GPU training job")
             cluster.job_launcher(job, layout)
             cluster.light(evaluate(data=prep.outputs["data"], run=job.outputs["run"], split="test"))

@@ -124,8 +124,13 @@ def validate_params(pipeline: str, params: Mapping[str, Any]) -> None:
         validate_sweep([merged["method"]], [merged["seed"]], {merged["method"]: merged.get("hparams") or {}},
                        merged.get("epochs"), n_tasks=len(bench.task_names))
         methods = [merged["method"]]
+    from mtlflow import teleport
+
+    teleport.validate(merged.get("teleport") or None, merged.get("teleport_options") or None)
+    wrapper = ({"teleport": merged["teleport"], "teleport_options": merged.get("teleport_options") or {}}
+               if merged.get("teleport") else {})  # the method runs of a sweep; references never teleport
     for method in methods:
-        _check_train_options(bench, method, merged["epochs"], merged.get("train_options") or {})
+        _check_train_options(bench, method, merged["epochs"], {**(merged.get("train_options") or {}), **wrapper})
     if name == "retrain" and not (isinstance(merged["min_improvement"], (int, float))
                                   and merged["min_improvement"] >= 0):
         raise InvalidParameterError(f"min_improvement must be a number >= 0, got {merged['min_improvement']!r}")

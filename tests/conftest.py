@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -31,6 +32,33 @@ def realdata(*parts: str) -> Path:
 MULTIMNIST_SIZES = {"n_train": 10_000, "n_val": 500, "n_test": 1_000}
 #: Size of the MultiMNIST set used by the fast plumbing tests (resume, CLI, aggregate).
 SMALL_SIZES = {"n_train": 256, "n_val": 64, "n_test": 64}
+
+
+@pytest.fixture(autouse=True)
+def drop_dead_log_handlers() -> None:
+    """Remove root-logger handlers whose stream a previous test's output capture closed.
+
+    kfp.local swaps the root logger's handlers while it runs a pipeline and puts back the ones it
+    found, which can be handlers bound to an earlier test's captured stdout/stderr; a later library
+    log call (kfp's client logs at INFO) would then print a "Logging error" traceback.
+    """
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        stream = getattr(handler, "stream", None)
+        if stream is not None and getattr(stream, "closed", False):
+            root.removeHandler(handler)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for modules of tiny models: on the shared 2-core machine it is 2-10x less
+    wall time than two (no oversubscription with other processes); the previous setting is restored."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -21,13 +21,7 @@ TINY = {"n_molecules": 400, "n_val": 50, "n_test": 50}
 TINY_TRAIN = {"batch_size": 16, "max_steps_per_epoch": 2, "progress": False}
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Other jobs share the 2 CPU cores; one intra-op thread avoids oversubscription stalls (~10x here)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,7 @@ from mtlflow.errors import DataError
 TINY = {"max_steps_per_epoch": 2, "progress": False}
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Other jobs share the 2 CPU cores; one intra-op thread avoids oversubscription stalls."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_tox21_masks_missing_labels_and_reports_roc_auc(tmp_path: Path) -> None:

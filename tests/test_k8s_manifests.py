@@ -160,6 +160,23 @@ def test_train_command_runs_the_cli_under_torchrun_with_resume():
         k8s_jobs.train_command("/d", "/r", SPEC, 1, {"warmup": 3})
 
 
+def test_train_command_passes_the_gradient_backend_options():
+    command = k8s_jobs.train_command("/d", "/r", SPEC, 1, {"grad_backend": "batched", "grad_wrt": "parameters"})
+    from mtlflow.cli import build_parser
+
+    args = build_parser().parse_args(command[3:])
+    assert (args.grad_backend, args.grad_wrt) == ("batched", "parameters")
+
+
+def test_checkpoint_keys_separate_pipeline_runs_and_keep_retries_together():
+    from mtlflow.pipeline_specs import run_key
+
+    key = lambda run_id: run_key(SPEC, "hash", 10, {"batch_size": 128, "device": "cuda"}, run_id)  # noqa: E731
+    assert key("run-a") == key("run-a") == run_key(SPEC, "hash", 10, {"batch_size": 128, "device": "cpu"}, "run-a")
+    assert key("run-a") != key("run-b") and key("run-a").startswith("fairgrad-s3-")
+    assert k8s_jobs.job_name(key("run-a")) != k8s_jobs.job_name(key("run-b"))
+
+
 def test_job_names_are_rfc1035_labels_that_keep_the_hash():
     long = k8s_jobs.job_name("ls-s0-" + "very_long_task_name-" * 6 + "0123456789abcdef")
     assert len(long) <= 63 and long.endswith("-0123456789abcdef") and long[0].isalpha()

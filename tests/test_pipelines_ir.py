@@ -63,6 +63,10 @@ def test_training_checkpoints_to_the_pvc_and_schedules_on_gpu_nodes(compiled):
         roots = {t["inputs"]["parameters"]["checkpoint_root"]["runtimeValue"]["constant"]
                  for t in tasks(ir).values() if t["componentRef"]["name"].startswith("comp-train")}
         assert roots == {f"{CLUSTER_ROOT}/checkpoints/runs"}
+        # the run directory under that root is keyed by the pipeline run too: no other run resumes from it
+        run_ids = {t["inputs"]["parameters"]["run_id"]["runtimeValue"]["constant"]
+                   for t in tasks(ir).values() if t["componentRef"]["name"].startswith("comp-train")}
+        assert run_ids == {"{{$.pipeline_job_uuid}}"}
 
 
 def test_data_step_gets_the_dvc_secret_as_env_and_the_data_volume(compiled):
@@ -113,6 +117,7 @@ def test_distributed_pipeline_launches_a_job_with_both_volumes(compiled):
         ir["deploymentSpec"]["executors"]["exec-launch-trainjob"]["container"]["image"]
     assert sorted(m["constant"] for m in k8s["exec-launch-trainjob"]["pvcMount"]) == ["mtlflow-checkpoints",
                                                                                      "mtlflow-data"]
+    assert launch["inputs"]["parameters"]["run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
     # the launcher itself needs no GPU: the TrainJob's nodes request them
     assert "accelerator" not in ir["deploymentSpec"]["executors"]["exec-launch-trainjob"]["container"]["resources"]
 

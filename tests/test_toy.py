@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from mtlflow import jobs
-from mtlflow.errors import NonFiniteLossError
 from mtlflow.toy import PARETO_X2, START_POINTS, distance_to_pareto_set, toy_losses
 
 

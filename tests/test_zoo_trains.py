@@ -36,14 +36,7 @@ MULTIMNIST_HPARAMS: dict[str, dict[str, Any]] = {
 RUN = {"batch_size": 32, "max_steps_per_epoch": 3, "progress": False}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """These models are tiny: one intra-op thread is faster than two on the shared 2-core machine
-    (measured: 2-3x less wall time under load); the previous setting is restored afterwards."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def read_json(path: Path) -> dict:

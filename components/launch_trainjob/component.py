@@ -10,12 +10,15 @@ from components.image import IMAGE
 def launch_trainjob(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, train_options: dict,
                     storage_root: str, run: dsl.Output[dsl.Artifact], model: dsl.Output[dsl.Model],
                     kind: str = "TrainJob", num_nodes: int = 1, gpus_per_node: int = 2, image: str = "",
-                    namespace: str = "", timeout_seconds: int = 86400):
+                    namespace: str = "", timeout_seconds: int = 86400, run_id: str = ""):
     """Stage the dataset on the data PVC, submit the job (``kind`` TrainJob or PyTorchJob) in this
     pod's namespace, wait for it, then copy the run directory from the checkpoints PVC to ``run``.
 
     The job writes to ``<checkpoints>/<run key>`` with ``--resume``, and a retried launcher re-attaches
-    to a job of the same name, so neither a retry nor a restarted job loses finished epochs.
+    to a job of the same name, so neither a retry nor a restarted job loses finished epochs; the key
+    (and the job name) include ``run_id``, the pipeline run's id, so another pipeline run gets its own
+    job and directory. ``train_options["batch_size"]`` is per process: the global batch is
+    ``num_nodes x gpus_per_node x batch_size``.
     Needs RBAC on trainjobs/pytorchjobs for the pipeline runner (``k8s/base/rbac.yaml``).
     """
     import shutil
@@ -37,7 +40,7 @@ def launch_trainjob(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, tr
     if not staged.is_dir():
         with atomic.atomic_dir(staged) as tmp:
             shutil.copytree(data.path, tmp, dirs_exist_ok=True)
-    key = run_key(run_spec, content_hash, epochs, train_options)
+    key = run_key(run_spec, content_hash, epochs, train_options, run_id)
     work_dir = Path(layout.checkpoints) / key
     job = k8s_jobs.DistributedTraining(
         name=k8s_jobs.job_name(key), namespace=namespace or k8s_jobs.current_namespace(), image=image,

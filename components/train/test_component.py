@@ -49,4 +49,4 @@ def test_train_writes_an_html_report_and_a_markdown_summary(tiny_runs):
     summary = Path(arts["summary"].path).read_text()
     assert summary.startswith("# mgda on multimnist (seed 0)") and "status: **completed**" in summary
     acc = metrics["final"]["test"]["left"]["acc"]
-    assert f"| left | " in summary and f"{acc:.4g}" in summary
+    assert "| left | " in summary and f"{acc:.4g}" in summary

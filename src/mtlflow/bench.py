@@ -48,6 +48,8 @@ SYNTHETIC = "synthetic-celeba"
 ENGINE_ROWS = ("single", "plain-loop", *JACOBIAN_BACKENDS, "autogram", "representation")
 #: the issue's targets
 O1_TARGET, SOLVER_TARGET, REPRESENTATION_TARGET = 1.05, 0.10, 1.3
+#: step-time ratios to LS that a method's paper claims (LDC-MTL Sec. 5.1: "at most a 1.11x increase")
+PAPER_STEP_TARGETS = {"ldcmtl": 1.11}
 
 
 class CelebACNN(nn.Module):
@@ -253,9 +255,12 @@ def run_bench(out_dir: str | Path, methods: Sequence[str], task_counts: Sequence
               width: int = 64, image_size: int = 64, device: str = "cpu",
               engine_rows: Sequence[str] = ENGINE_ROWS, grad_wrt: Sequence[str] = ("parameters",),
               threads: int | None = None, progress: bool = True,
-              hparams: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+              hparams: dict[str, dict[str, Any]] | None = None, teleport: str | None = None,
+              teleport_options: dict[str, Any] | None = None, cost_epoch_steps: int | None = None,
+              cost_epochs: int = 2) -> dict[str, Any]:
     """Measure every method (and the engine rows) for every K; write ``bench.json`` and ``bench.md``.
-    ``hparams`` maps method names to hyper-parameters (e.g. ``{"nashmtl": {"update_weights_every": 10}}``)."""
+    ``hparams`` maps method names to hyper-parameters (e.g. ``{"nashmtl": {"update_weights_every": 10}}``).
+    ``teleport="cost"`` adds COST's overhead per epoch over each method (:mod:`mtlflow.teleport.overhead`)."""
     if steps < 1 or warmup < 0:
         raise InvalidParameterError("--steps must be >= 1 and --warmup >= 0")
     if batch_size < 1 or width < 1 or image_size < 8:
@@ -272,9 +277,21 @@ def run_bench(out_dir: str | Path, methods: Sequence[str], task_counts: Sequence
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
+    if teleport:
+        from mtlflow.teleport import validate
+
+        validate(teleport, teleport_options)
+        if cost_epoch_steps is not None and cost_epoch_steps < 1 or cost_epochs < 1:
+            raise InvalidParameterError("--cost-epoch-steps and --cost-epochs must be >= 1")
     try:
-        return _run_bench(out_dir, methods, task_counts, benchmark, steps, warmup, batch_size, width, image_size,
-                          device, engine_rows, grad_wrt, progress, hparams)
+        summary = _run_bench(out_dir, methods, task_counts, benchmark, steps, warmup, batch_size, width, image_size,
+                             device, engine_rows, grad_wrt, progress, hparams)
+        if teleport:
+            from mtlflow.teleport.overhead import add_cost_overhead
+
+            add_cost_overhead(summary, out_dir, list(methods), teleport_options, cost_epoch_steps, cost_epochs,
+                              hparams, progress)
+        return summary
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -371,6 +388,11 @@ def check_targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
             checks.append({"target": f"O(K) solver <= {SOLVER_TARGET:.0%} of the step", "method": label,
                            "tasks": k_max, "value": r["solver_fraction"],
                            "pass": r["solver_fraction"] is not None and r["solver_fraction"] <= SOLVER_TARGET})
+        if r["method"] in PAPER_STEP_TARGETS and r["grad_wrt"] == "parameters":
+            target = PAPER_STEP_TARGETS[r["method"]]
+            checks.append({"target": f"paper: step <= {target}x LS", "method": label, "tasks": k_max,
+                           "value": r["ratio_to_ls"],
+                           "pass": r["ratio_to_ls"] is not None and r["ratio_to_ls"] <= target})
         if r["gradient_mode"] == "representation":
             checks.append({"target": f"representation mode <= {REPRESENTATION_TARGET}x LS", "method": label,
                            "tasks": k_max, "value": r["ratio_to_ls"],

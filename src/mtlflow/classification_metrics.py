@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtlflow.taskmetrics import Metric
+from mtlflow.taskmetrics import CountingAccuracy, Metric
 
 
 def valid_label_mask(target: Tensor) -> Tensor:
@@ -35,24 +35,13 @@ def masked_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
     return (losses * mask).sum() / mask.sum().clamp_min(1)
 
 
-class MaskedAccuracy(Metric):
+class MaskedAccuracy(CountingAccuracy):
     """Top-1 accuracy of class logits ``[B, C]`` over samples whose label is >= 0."""
-
-    name = "acc"
-    higher_is_better = True
-    unit_interval = True
-
-    def reset(self) -> None:
-        self.correct = 0
-        self.total = 0
 
     def update(self, pred: Tensor, target: Tensor) -> None:
         mask = target >= 0
         self.correct += int((pred.argmax(dim=-1)[mask] == target[mask]).sum())
         self.total += int(mask.sum())
-
-    def compute(self) -> float:
-        return self.correct / max(self.total, 1)
 
 
 class BinaryF1(Metric):
@@ -83,25 +72,14 @@ class BinaryF1(Metric):
         return 2 * self.tp / denom if denom else 0.0
 
 
-class BinaryAccuracy(Metric):
+class BinaryAccuracy(CountingAccuracy):
     """Share of present labels predicted correctly at logit 0."""
-
-    name = "acc"
-    higher_is_better = True
-    unit_interval = True
-
-    def reset(self) -> None:
-        self.correct = 0
-        self.total = 0
 
     def update(self, pred: Tensor, target: Tensor) -> None:
         pred = pred.reshape(target.shape)
         mask = valid_label_mask(target)
         self.correct += int(((pred > 0)[mask] == (target[mask] > 0.5)).sum())
         self.total += int(mask.sum())
-
-    def compute(self) -> float:
-        return self.correct / max(self.total, 1)
 
 
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:

@@ -8,9 +8,11 @@ Errors in user input end with one line ``mtlflow: error: ...`` on stderr and a n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -63,11 +65,14 @@ def cached_data_dir(benchmark: str, config: dict[str, Any]) -> Path:
     bench = benchmarks.build(benchmark, **config)
     key = hashlib.sha256(json.dumps(bench.config, sort_keys=True).encode()).hexdigest()[:12]
     path = default_cache_dir() / "data" / f"{benchmark}-{key}"
-    try:
-        jobs.load_prepared(path)
-    except DataError:
-        print(f"preparing {benchmark} data into {path}", file=sys.stderr)
-        jobs.prepare(benchmark, path, **config)
+    from mtlflow.distributed import file_lock
+
+    with file_lock(path.with_name(f".{path.name}.lock")):  # torchrun's processes: one prepares, the others reuse
+        try:
+            jobs.load_prepared(path)
+        except DataError:
+            print(f"preparing {benchmark} data into {path}", file=sys.stderr)
+            jobs.prepare(benchmark, path, **config)
     return path
 
 
@@ -87,6 +92,20 @@ def cmd_methods(args: argparse.Namespace) -> int:
         print(f"{r.name:<12} {r.family:<22} {r.cost:<5} {r.paper}")
         print(f"{'':<12} equations: {r.equations}")
         print(f"{'':<12} needs: {needs[r.name]}; hyper-parameters: {hp}")
+    return 0
+
+
+def cmd_architectures(args: argparse.Namespace) -> int:
+    from mtlflow.models.architectures import describe
+
+    rows = describe()
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    for row in rows:
+        print(f"{row['name']:<12} {row['description']}")
+        for key, spec in row["options"].items():
+            print(f"{'':<12} {key}={spec['default']!r}: {spec['help']}")
     return 0
 
 
@@ -131,10 +150,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise InvalidParameterError("give --benchmark NAME (data prepared into the cache) or --data DIR")
     hparams = parse_assignments(args.hp, "--hp")
     overrides = dict(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
-                     weight_decay=args.weight_decay, method_lr=args.method_lr, clip_grad_norm=args.clip_grad_norm,
+                     weight_decay=args.weight_decay, momentum=args.momentum, method_lr=args.method_lr, clip_grad_norm=args.clip_grad_norm,
                      select=args.select, max_steps_per_epoch=args.max_steps_per_epoch, device=args.device,
                      grad_backend=args.grad_backend, grad_wrt=args.grad_wrt, amp=args.amp,
-                     num_workers=args.num_workers)
+                     num_workers=args.num_workers, architecture=args.architecture,
+                     architecture_options=parse_assignments(args.arch_option, "--arch-option") or None,
+                     teleport=args.teleport,
+                     teleport_options=parse_assignments(args.teleport_option, "--teleport-option") or None)
     if args.dry_run:
         return _dry_run(args, hparams, overrides)
     if not args.out:
@@ -145,16 +167,25 @@ def cmd_train(args: argparse.Namespace) -> int:
         selected = bench.select_tasks(_csv(args.tasks))
         methods.build(args.method, len(selected), **jobs.resolved_hparams(bench, args.method, hparams))
         jobs.train_config(bench.train_defaults, method=args.method, **overrides)
+        if args.teleport:
+            from mtlflow.teleport import check_benchmark
+
+            check_benchmark(bench, [t.name for t in selected], args.teleport, overrides["teleport_options"])
+    from mtlflow import distributed
     from mtlflow.observability import resolve_pushgateway, training_exporters
 
     gateway = resolve_pushgateway(args.pushgateway)  # a malformed address is rejected before any data work
+    if args.nproc not in (None, 1) and "RANK" not in os.environ:  # not yet under torchrun
+        return subprocess.run(distributed.torchrun_command(args.nproc, args.argv)).returncode
     data_dir = Path(args.data) if args.data else cached_data_dir(args.benchmark, _bench_config(args))
-    with training_exporters(gateway, args.metrics_port) as callbacks:
+    main_rank = distributed.is_main_process()  # under torchrun only rank 0 exports and prints
+    with (training_exporters(gateway, args.metrics_port) if main_rank else contextlib.nullcontext([])) as callbacks:
         result = jobs.train(data_dir, args.out, method=args.method, seed=args.seed, hparams=hparams,
                             tasks=_csv(args.tasks), resume=args.resume, progress=not args.no_progress,
                             callbacks=callbacks, **overrides)
     final = result["final"]["test"]
-    print(json.dumps({"run_dir": args.out, "test": final}))
+    if main_rank:
+        print(json.dumps({"run_dir": args.out, "test": final}))
     return 0
 
 
@@ -284,8 +315,16 @@ def cmd_toy(args: argparse.Namespace) -> int:
     unknown = sorted(set(hparams) - set(names))
     if unknown:
         raise InvalidParameterError(f"--hp names method(s) {', '.join(unknown)} that are not in --methods")
+    teleport_options = parse_assignments(args.teleport_option, "--teleport-option")
+    if args.teleport:
+        from mtlflow.teleport import validate
+        from mtlflow.teleport.toy import toy_options
+
+        validate(args.teleport, teleport_options)
+        toy_options(teleport_options)
     summary = run_toy(names, args.out, steps=args.steps, scale=args.scale, lr=args.lr, seed=args.seed,
-                      hparams=hparams, progress=not args.no_progress, jobs=args.jobs)
+                      hparams=hparams, progress=not args.no_progress, jobs=args.jobs, teleport=args.teleport,
+                      teleport_options=teleport_options)
     failed = [m["method"] for m in summary["methods"] if m["status"] == "failed"]
     print(f"toy: wrote {Path(args.out) / 'toy.md'}, toy.json and toy.png")
     if failed:
@@ -304,7 +343,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                         device=args.device, threads=args.threads,
                         engine_rows=ENGINE_ROWS if args.engine is None else (_csv(args.engine) or []),
                         grad_wrt=_csv(args.grad_wrt) or ["parameters"], progress=not args.no_progress,
-                        hparams=_method_hparams(args.hp))
+                        hparams=_method_hparams(args.hp), teleport=args.teleport,
+                        teleport_options=parse_assignments(args.teleport_option, "--teleport-option"),
+                        cost_epoch_steps=args.cost_epoch_steps, cost_epochs=args.cost_epochs)
     print(f"bench: wrote {Path(args.out) / 'bench.md'} and bench.json ({len(summary['methods'])} rows)")
     return 0
 
@@ -348,6 +389,55 @@ def cmd_hypercleaning(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from mtlflow import benchmarks, jobs, methods
+    from mtlflow.teleport import validate
+    from mtlflow.teleport.ablation import run_ablation
+    from mtlflow.teleport.triggers import RULES
+
+    if args.data is None and args.benchmark is None:
+        raise InvalidParameterError("give --benchmark NAME (data prepared into the cache) or --data DIR")
+    if args.trigger not in RULES:
+        raise InvalidParameterError(f"--trigger must be one of {', '.join(RULES)}, got {args.trigger!r}")
+    options = parse_assignments(args.teleport_option, "--teleport-option")
+    validate("cost", options)
+    hparams = parse_assignments(args.hp, "--hp")
+    train_options = {k: v for k, v in dict(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                                            max_steps_per_epoch=args.max_steps_per_epoch, device=args.device,
+                                            select=args.select).items() if v is not None}
+    seeds = _int_list(args.seeds, "--seeds")
+    if args.benchmark is not None:  # reject bad input before preparing any data
+        bench = benchmarks.build(args.benchmark, **_bench_config(args))
+        methods.build(args.method, len(bench.task_names), **jobs.resolved_hparams(bench, args.method, hparams))
+        jobs.train_config(bench.train_defaults, method=args.method, **train_options)
+    data_dir = Path(args.data) if args.data else cached_data_dir(args.benchmark, _bench_config(args))
+    run_ablation(data_dir, args.out, method=args.method, hparams=hparams, seeds=seeds,
+                 component_trigger=args.trigger, teleport_options=options, train_options=train_options,
+                 progress=not args.no_progress)
+    print((Path(args.out) / "ablation.md").read_text(), end="")
+    return 0
+
+
+def cmd_palora(args: argparse.Namespace) -> int:
+    from mtlflow.methods import palora
+
+    if args.palora_command == "overhead":
+        from mtlflow import benchmarks
+
+        bench = benchmarks.build(args.benchmark, **_bench_config(args))
+        report = palora.overhead_table(bench, _csv(args.tasks), args.rank, args.layers, args.factorization)
+        print(json.dumps(report, default=str) if args.json else palora.overhead_markdown(report), end="\n" if args.json else "")
+        return 0
+    try:
+        preference = [float(v) for v in _csv(args.preference) or []]
+    except ValueError:
+        raise InvalidParameterError(f"--preference must be comma-separated numbers, got {args.preference!r}") from None
+    model_path = Path(args.run)
+    print(json.dumps(palora.merge_saved_model(model_path / "model.pt" if model_path.is_dir() else model_path,
+                                              preference, args.out)))
+    return 0
+
+
 def cmd_stage(args: argparse.Namespace) -> int:
     from mtlflow import stages
 
@@ -378,6 +468,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_methods)
 
+    p = sub.add_parser("architectures", help="list the model architectures (combine with any method: "
+                       "`train --architecture NAME --arch-option KEY=VALUE`)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_architectures)
+
     p = sub.add_parser("benchmarks", help="list the registered benchmarks and their options")
     p.set_defaults(func=cmd_benchmarks)
 
@@ -406,6 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float)
     p.add_argument("--optimizer", help="adam (default), adamw or sgd")
     p.add_argument("--weight-decay", type=float)
+    p.add_argument("--momentum", type=float, help="SGD momentum (default 0.9; Adam/AdamW ignore it)")
     p.add_argument("--method-lr", type=float,
                    help="learning rate of the method's own parameters (UW, IMTL, GradNorm; default 0.025)")
     p.add_argument("--clip-grad-norm", type=float, help="clip the global gradient norm after backward")
@@ -421,12 +517,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--amp", choices=["none", "bf16"], help="bf16: forward pass under torch.autocast in bfloat16")
     p.add_argument("--num-workers", type=int, help="DataLoader worker processes (default 0)")
+    p.add_argument("--architecture", help="model architecture around the benchmark's model: hps (default) or "
+                   "normal (NORMAL's neural ODE with task positions); see `mtlflow architectures`")
+    p.add_argument("--arch-option", action="append", metavar="KEY=VALUE",
+                   help="architecture option (repeatable), e.g. step_size=0.05")
     p.add_argument("--dry-run", action="store_true",
                    help="print the resolved config, parameter counts and a memory estimate; train nothing")
     p.add_argument("--pushgateway", metavar="URL", help="push epoch telemetry to this Prometheus Pushgateway "
                    "(default $MTLFLOW_PUSHGATEWAY; a failed push only logs one warning)")
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus /metrics on this port "
                    "while training")
+    p.add_argument("--nproc", type=int, metavar="N", help="data-parallel training in N processes (runs "
+                   "`torchrun --standalone --nproc_per_node N -m mtlflow train ...`; global batch = N x --batch-size)")
+    p.add_argument("--teleport", help="wrap the method in a teleportation scheme: cost (COST, symmetry "
+                   "teleportation of the shared trunk; see README 'COST teleportation')")
+    p.add_argument("--teleport-option", action="append", metavar="KEY=VALUE",
+                   help="COST option (repeatable), e.g. trigger=weak, max_per_epoch=2, adapter=loha, variant=released")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("evaluate", help="evaluate a trained run on a split")
@@ -517,6 +623,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, help="methods run in parallel worker processes (1 thread each)")
     p.add_argument("--out", required=True, help="output directory (toy.json, toy.md, toy.png)")
     p.add_argument("--no-progress", action="store_true", help="no per-method progress lines")
+    p.add_argument("--teleport", help="cost: also run every method + COST and plot them side by side "
+                   "(cost-<method>.png, the COST paper's Fig. 6)")
+    p.add_argument("--teleport-option", action="append", metavar="KEY=VALUE",
+                   help="COST option for the toy runs (repeatable), e.g. radius=0.1")
     p.set_defaults(func=cmd_toy)
 
     p = sub.add_parser("bench", help="step time, memory, solver and engine time of every method; ratios to LS")
@@ -538,7 +648,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help="method hyper-parameter (repeatable), e.g. nashmtl.update_weights_every=10")
     p.add_argument("--out", required=True, help="output directory (bench.json, bench.md)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--teleport", help="cost: also time each method + COST per epoch (overhead over the method)")
+    p.add_argument("--teleport-option", action="append", metavar="KEY=VALUE",
+                   help="COST option of the overhead runs (repeatable; default: the default budget, trigger=always)")
+    p.add_argument("--cost-epoch-steps", type=int, help="steps of a timed epoch (default: the benchmark's real "
+                   "epoch at --batch-size; 40 on the synthetic model)")
+    p.add_argument("--cost-epochs", type=int, default=2, help="timed epochs per variant (default 2, after 1 warm-up)")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("palora", help="PaLoRA tools: parameter overhead of the adapters; merge a trained front "
+                       "model into the plain network of one preference")
+    psub = p.add_subparsers(dest="palora_command", required=True, metavar="ACTION")
+    q = psub.add_parser("overhead", help="adapter parameters per layer, mn + T·r(m+n) (PaLoRA Sec. 4.1)")
+    q.add_argument("--benchmark", required=True)
+    data_options(q)
+    q.add_argument("--tasks", help="comma-separated subset of tasks (default: all)")
+    q.add_argument("--rank", type=int, default=1, help="adapter rank r (default 1)")
+    q.add_argument("--layers", default="trunk", help="trunk (default), all (heads too) or module names")
+    q.add_argument("--factorization", default="matrix", help="Conv2d adapters: matrix (default) or kernel")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
+    q = psub.add_parser("merge", help="write the plain network of one preference (adapters merged, Eq. 2)")
+    q.add_argument("run", help="a PaLoRA run directory or its model.pt")
+    q.add_argument("--preference", required=True, help="comma-separated λ, one per task, e.g. 0.3,0.7")
+    q.add_argument("--out", required=True, help="output model file (loads like any run's model.pt)")
+    p.set_defaults(func=cmd_palora)
 
     p = sub.add_parser("stage", help="run one DVC stage of dvc.yaml (reads params.yaml)")
     p.add_argument("stage", choices=["prepare", "train", "reference", "evaluate", "aggregate", "experiment"])
@@ -566,6 +699,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_asmg_synthetic)
 
+    p = sub.add_parser("ablate", help="COST's ablations (Tables 4, 7, 8): components, trigger, adapter; Δm%% and "
+                       "teleport telemetry per row")
+    p.add_argument("what", choices=["cost"], help="what to ablate: cost")
+    p.add_argument("--benchmark", help="benchmark name; its data is prepared into the cache if needed")
+    p.add_argument("--data", help="prepared data directory (from `mtlflow prepare`)")
+    data_options(p)
+    p.add_argument("--method", default="fairgrad", help="base method of every COST row (default fairgrad, the paper's)")
+    p.add_argument("--hp", action="append", metavar="KEY=VALUE", help="base method hyper-parameter (repeatable)")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    p.add_argument("--epochs", type=int, help="epochs per run (default: the benchmark recipe)")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--max-steps-per-epoch", type=int)
+    p.add_argument("--select", help="final-metric rule: last (default) or last-k:K")
+    p.add_argument("--device", help="cpu (default) or cuda")
+    p.add_argument("--trigger", default="dominated", help="trigger of the component rows (Table 4) and of the "
+                   "adapter rows (Table 8): dominated (default, Eq. 3), weak, many-task, released")
+    p.add_argument("--teleport-option", action="append", metavar="KEY=VALUE",
+                   help="COST option applied to every COST row (repeatable), e.g. max_per_epoch=2")
+    p.add_argument("--out", required=True, help="output directory (runs/, ablation.md, ablation.json, ablation.csv)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_ablate)
+
     p = sub.add_parser("hypercleaning", help="Table 3.2 of Ye's thesis: MOML, MoCo, FORUM (+ LS) on multi-task "
                        "data hyper-cleaning, mean ± std over seeds")
     p.add_argument("--data", help="prepared hypercleaning data (default: prepared into the cache)")
@@ -584,6 +740,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # `train --nproc N` relaunches itself under torchrun
     try:
         return int(args.func(args) or 0)
     except MtlflowError as exc:

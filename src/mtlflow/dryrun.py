@@ -79,7 +79,7 @@ def describe_run(bench: Benchmark, config: TrainConfig, hparams: Mapping[str, An
         "benchmark_config": bench.config,
         "tasks": tasks,
         "method": config.method,
-        "method_family": "gradient (per-task Jacobian)" if isinstance(method, GradientMethod) else "loss weighting",
+        "method_family": method.family + (" (owns its training step)" if method.custom_step else ""),
         "hparams": dict(hparams),
         "device": str(config.resolved_device()),
         "train_config": dataclasses.asdict(config),

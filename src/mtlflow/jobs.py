@@ -102,6 +102,10 @@ def evaluate(run_dir: str | Path, data_dir: str | Path, split: str = "test",
         from mtlflow.confusion import confusion_matrices
 
         result["confusion_matrices"] = confusion_matrices(model, bench, data.splits[split], tasks, index)
+    if "palora" in blob:  # a Pareto-front model: also every point of its preference grid
+        from mtlflow.methods.palora import evaluate_saved_front
+
+        result["preference_front"] = evaluate_saved_front(run_dir / "model.pt", data.splits[split], split)
     atomic.write_json(out_file or run_dir / "evaluation.json", result)
     return result
 
@@ -127,6 +131,10 @@ def run_label(run: Mapping[str, Any]) -> str:
         label += "(" + ",".join(f"{k}={v}" for k, v in sorted(config["hparams"].items())) + ")"
     if config.get("teleport"):
         label += f"+{config['teleport']}"
+        if config.get("teleport_options"):  # a COST variant or ablation is another row
+            label += "(" + ",".join(f"{k}={v}" for k, v in sorted(config["teleport_options"].items())) + ")"
+    if config.get("architecture", "hps") != "hps":  # same method on another architecture: another row
+        label += f"@{config['architecture']}"
     return label
 
 
@@ -192,6 +200,7 @@ def paper_reference_table(run: Mapping[str, Any], tasks: Sequence[str], wanted: 
 def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any]],
               method_set: Sequence[str] | None = None, split: str = "test",
               paper_references: bool | None = None) -> dict[str, Any]:
+    from mtlflow.pareto.front import attach_fronts
     from mtlflow.scoring import delta_m, hypervolume, mean_rank, pareto_mask
     from mtlflow.taskmetrics import metric_error
 
@@ -255,6 +264,8 @@ def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any
     mask = pareto_mask(points)
     for m, keep in zip(labels, mask):
         rows[m]["pareto_optimal"] = bool(keep)
+    # Pareto-front methods (PaLoRA) also get their whole front, and the methods it dominates
+    front_methods = attach_fronts(rows, by_method, split, tasks, primary, specs)
     reference_point = [hv_ref[t] for t in tasks]
     return {
         "schema": 1,
@@ -268,6 +279,7 @@ def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any
         "hypervolume_objective": "error of each task's primary metric (1 - value for bounded higher-is-better metrics)",
         "hypervolume_all_methods": hypervolume(points, reference_point),
         "pareto_set": [m for m, keep in zip(labels, mask) if keep],
+        "preference_front_methods": front_methods,
         "mean_rank_method_set": declared,
         "selection_rules": sorted({r["metrics"]["selection"]["rule"] for r in runs}),
         "references": references,

@@ -37,7 +37,8 @@ GPU_TOLERATIONS = ({"key": GPU, "operator": "Exists", "effect": "NoSchedule"},)
 #: training options of the pipelines and the ``mtlflow train`` flags they map to
 TRAIN_FLAGS = {"batch_size": "--batch-size", "lr": "--lr", "optimizer": "--optimizer",
                "weight_decay": "--weight-decay", "clip_grad_norm": "--clip-grad-norm", "select": "--select",
-               "max_steps_per_epoch": "--max-steps-per-epoch", "device": "--device"}
+               "max_steps_per_epoch": "--max-steps-per-epoch", "device": "--device",
+               "grad_backend": "--grad-backend", "grad_wrt": "--grad-wrt"}
 
 
 class JobFailedError(MtlflowError):

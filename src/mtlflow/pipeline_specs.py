@@ -81,18 +81,22 @@ def plan_run(method: str, seed: int, hparams: Mapping[str, Any] | None = None) -
     return plan_runs([method], [from_struct(seed)], {method: from_struct(dict(hparams or {}))} if hparams else {})[0]
 
 
-def run_key(run_spec: str, data_hash: str, epochs: int, train_options: Mapping[str, Any]) -> str:
+def run_key(run_spec: str, data_hash: str, epochs: int, train_options: Mapping[str, Any], run_id: str = "") -> str:
     """Directory name of a run under the checkpoint root: readable prefix + hash of everything that
-    determines the result (spec, data version, epochs, training options; not the device).
+    determines the result (spec, data version, epochs, training options; not the device) and of the
+    pipeline run's id ``run_id``.
 
-    A retried or preempted task computes the same key and resumes from the checkpoint there.
+    A retried or preempted task of the same pipeline run computes the same key and resumes from the
+    checkpoint there; another pipeline run (``run_id`` differs) never picks up its checkpoint.
     """
     import hashlib
 
     spec = json.loads(run_spec)
     options = {k: v for k, v in from_struct(dict(train_options)).items() if k != "device"}
-    digest = hashlib.sha256(json.dumps({"spec": spec, "data": data_hash, "epochs": int(epochs), "options": options},
-                                       sort_keys=True).encode()).hexdigest()[:16]
+    identity = {"spec": spec, "data": data_hash, "epochs": int(epochs), "options": options}
+    if run_id:
+        identity["run"] = run_id
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     tasks = "-".join(spec.get("tasks") or [])
     prefix = f"{spec['method']}-s{spec['seed']}" + (f"-{tasks}" if tasks else "")
     return f"{prefix}-{digest}"

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from mtlflow import atomic
+from mtlflow.pareto.front import front_tables
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:
@@ -60,12 +61,15 @@ def markdown_summary(summary: Mapping[str, Any]) -> str:
              f"({summary['hypervolume_objective']})",
              f"- mean rank over: {', '.join(summary['mean_rank_method_set'])}",
              f"- Pareto set: {', '.join(summary['pareto_set'])}",
-             f"- Δm% references: " + ("single-task runs " + ", ".join(
+             "- Δm% references: " + ("single-task runs " + ", ".join(
                  f"{t}: " + ", ".join(f"{m}={v:.4f}" for m, v in vals.items())
                  for t, vals in refs["metrics"].items()) if refs else "none (Δm% not computed)"),
              *([f"- Δm% {summary['paper_references']['label']} references: "
                 f"{summary['paper_references']['source']}"] if summary.get("paper_references") else []),
              "", markdown_table(summary)]
+    for title, header, rows in front_tables(summary):
+        parts += ["", f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        parts += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(parts)
 
 
@@ -89,6 +93,10 @@ def pareto_plot(summary: Mapping[str, Any]) -> bytes:
             row = summary["methods"][label]
             x, y = row["primary_errors"]
             ax.scatter([x], [y], s=60, marker="*" if row["pareto_optimal"] else "o", label=label)
+        for label in summary.get("preference_front_methods") or []:
+            learned = summary["methods"][label]["preference_front"]
+            ax.plot([e[0] for e in learned["errors"]], [e[1] for e in learned["errors"]], marker=".", lw=1,
+                    label=f"{label}: learned front (HV {learned['hypervolume']:.4f})")
         front = sorted((summary["methods"][m]["primary_errors"] for m in summary["pareto_set"]))
         if len(front) > 1:
             ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=0.8, label="Pareto set")
@@ -159,11 +167,21 @@ selection rule(s): {html.escape(', '.join(summary['selection_rules']))}; the tes
 Hypervolume reference point {summary['hypervolume_reference_point']} on {html.escape(summary['hypervolume_objective'])};
 HV of all methods together: {summary['hypervolume_all_methods']:.4f}.
 Pareto set: {html.escape(', '.join(summary['pareto_set']))}.</p>
-<h2>Single-task references</h2>{ref_html}{_paper_html(summary)}
+{_fronts_html(summary)}<h2>Single-task references</h2>{ref_html}{_paper_html(summary)}
 <h2>Pareto plot</h2>{img(pareto_png, 'Pareto plot')}
 <h2>Learning curves</h2>{img(curves_png, 'learning curves')}
 </body></html>
 """
+
+
+def _fronts_html(summary: Mapping[str, Any]) -> str:
+    """The Pareto-front methods' tables (PaLoRA): front hypervolume and every grid point."""
+    parts = []
+    for title, header, rows in front_tables(summary):
+        parts.append(f"<h3>{html.escape(title)}</h3><table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header)
+                     + "</tr>" + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
+                                         for r in rows) + "</table>")
+    return ("<h2>Learned Pareto fronts</h2>" + "".join(parts)) if parts else ""
 
 
 def _paper_html(summary: Mapping[str, Any]) -> str:

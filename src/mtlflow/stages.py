@@ -59,12 +59,20 @@ def _train_options(params: dict[str, Any]) -> dict[str, Any]:
     return {"epochs": train["epochs"], **(train.get("options") or {})}
 
 
+def _teleport(params: dict[str, Any]) -> dict[str, Any]:
+    """``train.teleport`` (COST around the method runs; references never teleport) and its options."""
+    train = params["train"]
+    if not train.get("teleport"):
+        return {}
+    return {"teleport": train["teleport"], "teleport_options": train.get("teleport_options") or {}}
+
+
 def stage_train(params: dict[str, Any], method: str, seed: int) -> None:
     train = params["train"]
     out = RUNS / run_name(method, seed)
     result = jobs.train(DATA, out, method=method, seed=seed,
                         hparams=(train.get("method_hparams") or {}).get(method, {}),
-                        progress=False, **_train_options(params))
+                        progress=False, **_train_options(params), **_teleport(params))
     atomic.write_json(Path("metrics/train") / f"{run_name(method, seed)}.json", flat_metrics(result["final"]["test"]))
 
 
@@ -114,7 +122,7 @@ def stage_experiment(params: dict[str, Any]) -> None:
     for seed in train["seeds"]:
         out = EXPERIMENTS / run_name(method, seed)
         jobs.train(DATA, out, method=method, seed=seed, hparams=(train.get("method_hparams") or {}).get(method, {}),
-                   progress=False, **_train_options(params))
+                   progress=False, **_train_options(params), **_teleport(params))
         runs.append(out)
     summary = jobs.aggregate(runs, Path("reports/experiment"), reference_dirs=_reference_dirs(params))
     (label, row), = summary["methods"].items()

@@ -33,8 +33,8 @@ class Metric:
         raise NotImplementedError
 
 
-class Accuracy(Metric):
-    """Top-1 accuracy of class logits ``[B, C]`` against integer labels ``[B]``."""
+class CountingAccuracy(Metric):
+    """Share of correct predictions; subclasses say in ``update`` what is counted and what is correct."""
 
     name = "acc"
     higher_is_better = True
@@ -44,12 +44,16 @@ class Accuracy(Metric):
         self.correct = 0
         self.total = 0
 
+    def compute(self) -> float:
+        return self.correct / max(self.total, 1)
+
+
+class Accuracy(CountingAccuracy):
+    """Top-1 accuracy of class logits ``[B, C]`` against integer labels ``[B]``."""
+
     def update(self, pred: Tensor, target: Tensor) -> None:
         self.correct += int((pred.argmax(dim=-1) == target).sum())
         self.total += int(target.numel())
-
-    def compute(self) -> float:
-        return self.correct / max(self.total, 1)
 
 
 class MeanAbsoluteError(Metric):

@@ -266,9 +266,11 @@ def _single_threaded() -> None:
 
 def run_toy(method_names: Sequence[str], out_dir: str | Path, steps: int = DEFAULT_STEPS, scale: float = 0.1,
             lr: float = DEFAULT_LR, seed: int = 0, hparams: dict[str, dict[str, Any]] | None = None,
-            progress: bool = True, jobs: int = 1) -> dict[str, Any]:
+            progress: bool = True, jobs: int = 1, teleport: str | None = None,
+            teleport_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run every method (``jobs`` methods at a time in worker processes), then write ``toy.json``,
-    ``toy.md`` and ``toy.png`` into ``out_dir``."""
+    ``toy.md`` and ``toy.png`` into ``out_dir``. ``teleport="cost"`` adds each method + COST after it
+    and ``cost-<method>.png`` (the COST paper's Fig. 6), see :mod:`mtlflow.teleport.toy`."""
     if steps < 1:
         raise InvalidParameterError(f"--steps must be >= 1, got {steps}")
     if not (scale > 0 and math.isfinite(scale)):
@@ -300,6 +302,13 @@ def run_toy(method_names: Sequence[str], out_dir: str | Path, steps: int = DEFAU
             results = [report(f.result()) for f in futures]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    teleports: dict[str, Any] = {}
+    if teleport:
+        from mtlflow.teleport import validate
+        from mtlflow.teleport.toy import add_cost_results
+
+        validate(teleport, teleport_options)
+        results, teleports = add_cost_results(results, steps, scale, lr, seed, hparams, teleport_options, out, report)
     summary = {
         "schema": 1,
         "problem": "CAGrad toy (Liu et al. 2021) with Nash-MTL/FAMO imbalance scale",
@@ -309,6 +318,8 @@ def run_toy(method_names: Sequence[str], out_dir: str | Path, steps: int = DEFAU
         "reached_tolerance": REACHED_TOLERANCE,
         "methods": [r.__dict__ | {"reached": r.reached} for r in results],
     }
+    if teleport:
+        summary["teleports"] = teleports
     atomic.write_json(out / "toy.json", summary)
     atomic.write_text(out / "toy.md", markdown_tables(results, steps, scale, lr))
     plot_trajectories(results, out / "toy.png", scale)

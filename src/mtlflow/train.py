@@ -51,8 +51,9 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 import mtlflow
-from mtlflow import atomic
+from mtlflow import atomic, distributed
 from mtlflow import methods as method_registry
+from mtlflow import teleport
 from mtlflow.benchmarks.base import Benchmark, BenchmarkData
 from mtlflow.callbacks import Callback, StepState
 from mtlflow.errors import DataError, InvalidParameterError, NonFiniteLossError
@@ -61,6 +62,7 @@ from mtlflow.grad_engine import (BACKENDS, GRAD_WRT, AutogramGramian, ForwardPas
                                  backward_shared_weighted, jacobian_backend, representation_jacobian,
                                  resolve_backend, task_jacobian, write_flat_grad)
 from mtlflow.methods.base import GradientMethod, GradInput, GramianWeighting, Method, StepContext
+from mtlflow.models import architectures
 from mtlflow.schedulers import build_scheduler, validate_scheduler
 from mtlflow.seeding import capture_rng_state, epoch_generator, restore_rng_state, seed_everything
 
@@ -80,6 +82,8 @@ class TrainConfig:
     lr: float = 1e-3
     optimizer: str = "adam"
     weight_decay: float = 0.0
+    #: SGD momentum (ignored by Adam/AdamW, whose betas are fixed at PyTorch's defaults)
+    momentum: float = 0.9
     method_lr: float = 0.025
     clip_grad_norm: float | None = None
     rescale: bool = True
@@ -103,6 +107,13 @@ class TrainConfig:
     #: per-epoch learning-rate schedule of the recipe (:mod:`mtlflow.schedulers`): none, plateau, step
     scheduler: str = "none"
     scheduler_options: dict[str, Any] = field(default_factory=dict)
+    #: teleportation wrapper around the method (``cost``: COST, :mod:`mtlflow.teleport`) and its options
+    teleport: str | None = None
+    teleport_options: dict[str, Any] = field(default_factory=dict)
+    #: model architecture wrapping the benchmark's model (:mod:`mtlflow.models.architectures`): ``hps`` (its
+    #: own trunk + heads) or ``normal`` (NORMAL's neural ODE with task positions), and its options
+    architecture: str = "hps"
+    architecture_options: dict[str, Any] = field(default_factory=dict)
 
     def resolved_device(self) -> torch.device:
         """``auto`` means the GPU when one is visible, else the CPU."""
@@ -124,6 +135,8 @@ class TrainConfig:
             bad(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.weight_decay < 0 or not math.isfinite(self.weight_decay):
             bad(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
+            bad(f"momentum must be in [0, 1), got {self.momentum!r}")
         if self.method_lr <= 0:
             bad(f"method_lr must be > 0, got {self.method_lr!r}")
         if self.clip_grad_norm is not None and not (self.clip_grad_norm > 0):
@@ -137,9 +150,15 @@ class TrainConfig:
         if self.amp not in AMP_MODES:
             bad(f"amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}")
         validate_scheduler(self.scheduler, self.scheduler_options)
+        teleport.validate(self.teleport, self.teleport_options)
+        architectures.resolve(self.architecture, self.architecture_options)
+        architectures.check_gradient_backend(self.architecture, self.architecture_options, self.grad_backend)
         if self.grad_wrt not in GRAD_WRT:
             bad(f"grad_wrt must be one of {', '.join(GRAD_WRT)}, got {self.grad_wrt!r}")
         method = method_registry.get(self.method)
+        if self.teleport and method.custom_step:
+            bad(f"--teleport {self.teleport} wraps methods that use the trainer's step; {self.method!r} owns its "
+                "training step (custom_step); drop --teleport")
         if self.grad_backend == "autogram" and needs_full_jacobian(method, self.grad_wrt):
             bad(_AUTOGRAM_NEEDS_GRAMIAN.format(method=self.method))
         if self.grad_wrt == "representation" and needs_full_jacobian(method):
@@ -271,14 +290,21 @@ class Trainer:
         self.tasks = bench.select_tasks(config.tasks)
         self.task_index = [bench.task_names.index(t.name) for t in self.tasks]
         self.device = config.resolved_device()
+        #: torchrun/DDP topology (a no-op in one process): see mtlflow.distributed
+        self.dist = distributed.from_env(self.device)
         for split in ("train", *EVAL_SPLITS):
             if split not in data.splits:
                 raise DataError(f"prepared data lacks the {split!r} split; re-run `mtlflow prepare`")
         seed_everything(config.seed, config.deterministic)
-        self.model = bench.make_model([t.name for t in self.tasks]).to(self.device)
+        self.model = architectures.build_model(bench, [t.name for t in self.tasks], config.architecture,
+                                               config.architecture_options, data.splits["train"]).to(self.device)
         self.method: Method = method_registry.build(config.method, len(self.tasks), **config.hparams)
         self.method.to(self.device)
         self.callbacks: list[Callback] = list(callbacks)
+        if config.teleport:  # the wrapper checks the model and method it wraps before anything runs
+            wrapper = teleport.build(config.teleport, config.teleport_options)
+            wrapper.check(self)
+            self.callbacks.append(wrapper)
         self.method.setup(self)
         self.optimizer = self._build_optimizer()
         self.scheduler = build_scheduler(config.scheduler, config.scheduler_options, self.optimizer, bench,
@@ -288,6 +314,7 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.global_step = 0
         self.gradient_mode, self.grad_backend = self._plan_gradients()
+        self.dist.check_supported(self)
         self._jacobian_backend = jacobian_backend(self.grad_backend) if self.gradient_mode == "jacobian" else None
         self._autogram = AutogramGramian(self.model.trunk) if self.gradient_mode == "gramian" else None
         #: N of the method's ``update_weights_every`` (Gramian-weighting methods only)
@@ -334,7 +361,9 @@ class Trainer:
     # -- setup ---------------------------------------------------------------------------------
     def _build_optimizer(self) -> torch.optim.Optimizer:
         cfg = self.config
-        groups: list[dict[str, Any]] = [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
+        model_groups = getattr(self.model, "optimizer_groups", None)  # an architecture's own groups (NORMAL)
+        groups: list[dict[str, Any]] = (model_groups(cfg.lr) if callable(model_groups) else
+                                        [{"params": [p for p in self.model.parameters() if p.requires_grad]}])
         method_params = self.method.parameters()
         if method_params:
             groups.append({"params": method_params, "lr": cfg.method_lr, "weight_decay": 0.0})
@@ -342,12 +371,13 @@ class Trainer:
             return torch.optim.Adam(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
         if cfg.optimizer == "adamw":
             return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
     def _loader(self, epoch: int) -> DataLoader:
         cfg = self.config
         pin = self.device.type == "cuda" if cfg.pin_memory is None else cfg.pin_memory
-        return self.bench.make_loader(self.data.splits["train"], cfg.batch_size, shuffle=True,
+        split, shuffle = self.dist.training_split(self.data.splits["train"], cfg.seed, epoch)
+        return self.bench.make_loader(split, cfg.batch_size, shuffle=shuffle,
                                       generator=epoch_generator(cfg.seed, epoch), num_workers=cfg.num_workers,
                                       pin_memory=pin)
 
@@ -405,6 +435,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             started = time.perf_counter()
             work = self._per_task_gradients(batch, epoch)
+            self.dist.synchronize_work(work, [p for params in self.task_params for p in params])
             engine_seconds = time.perf_counter() - started
             state = StepState(epoch=epoch, step=self.global_step, batch=batch, losses=work.losses.detach(),
                               grads=work.jacobian)
@@ -414,14 +445,18 @@ class Trainer:
 
         def recompute() -> Tensor:
             with torch.no_grad():
-                return self._losses(batch)[0]
+                return self.dist.mean_losses(self._losses(batch)[0])
 
         stacked = work.losses
-        ctx = StepContext(step=self.global_step, epoch=epoch, losses=stacked.detach(), recompute_losses=recompute)
+        # extra: the shared features of this forward pass (LDC-MTL's router) and the batch (its double loop)
+        ctx = StepContext(step=self.global_step, epoch=epoch, losses=stacked.detach(), recompute_losses=recompute,
+                          extra={"features": work.forward.features, "batch": batch})
         self.method.before_backward(ctx)
         info: dict[str, Any] = {"losses": stacked.detach()}
         started = time.perf_counter()
         solver_seconds = self._apply_update(work, state)
+        self.dist.average_gradients([p for group in self.optimizer.param_groups for p in group["params"]],
+                                    work.mode)
         info["engine_seconds"] = engine_seconds + time.perf_counter() - started - (solver_seconds or 0.0)
         if solver_seconds is not None:
             info["solver_seconds"] = solver_seconds
@@ -506,7 +541,7 @@ class Trainer:
             self._remember_weights()
         elif isinstance(method, GramianWeighting):  # representation mode
             rep = work.representation
-            direction = self._solve_weights(rep @ rep.T, losses).to(rep) @ rep
+            direction = self._solve_weights(self.dist.representation_gramian(rep), losses).to(rep) @ rep
         else:
             direction = method.combine(work.representation, losses)
         solver_seconds = time.perf_counter() - started
@@ -539,8 +574,9 @@ class Trainer:
     # -- epochs --------------------------------------------------------------------------------
     def fit(self, resume: bool = False) -> dict[str, Any]:
         start_epoch = 1
-        if resume and (self.out_dir / "checkpoint.pt").is_file():
+        if resume and self.dist.from_rank0((self.out_dir / "checkpoint.pt").is_file):
             start_epoch = self._load_checkpoint() + 1
+        self.dist.sync_parameters(self.model, "the start of training")
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._write_run_json("running")
         for cb in self.callbacks:
@@ -564,11 +600,11 @@ class Trainer:
         return result
 
     def _steps_per_epoch(self) -> int:
-        n = math.ceil(len(self.data.splits["train"]) / self.config.batch_size)
+        n = self.dist.steps_per_epoch(len(self.data.splits["train"]), self.config.batch_size)
         return min(n, self.config.max_steps_per_epoch or n)
 
     def _progress_bar(self, start_epoch: int):
-        if not self.progress:
+        if not self.progress or not self.dist.is_main:
             return None
         from tqdm.auto import tqdm
 
@@ -613,9 +649,10 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(epoch=epoch, loss=f"{float(info['losses'].sum()):.4f}", refresh=False)
         train_seconds = time.perf_counter() - started
-        splits = {split: evaluate_model(self.model, self.bench, self.data.splits[split], self.tasks,
-                                        self.task_index, self.config.eval_batch_size, self.device)
-                  for split in EVAL_SPLITS}
+        self.dist.sync_parameters(self.model, f"the end of epoch {epoch}")
+        splits = self.dist.from_rank0(lambda: {
+            split: evaluate_model(self.model, self.bench, self.data.splits[split], self.tasks, self.task_index,
+                                  self.config.eval_batch_size, self.device) for split in EVAL_SPLITS})
         record: dict[str, Any] = {
             "epoch": epoch,
             "splits": splits,
@@ -624,7 +661,7 @@ class Trainer:
             "train_seconds": train_seconds,
             "epoch_seconds": time.perf_counter() - started,
             "step_seconds_median": statistics.median(step_times) if step_times else 0.0,
-            "samples_per_second": (n_steps * self.config.batch_size) / max(train_seconds, 1e-9),
+            "samples_per_second": (n_steps * self.config.batch_size * self.dist.world_size) / max(train_seconds, 1e-9),
             "peak_memory_bytes": _peak_memory_bytes(self.device),
             "lr": self.optimizer.param_groups[0]["lr"],
         }
@@ -647,12 +684,15 @@ class Trainer:
         self.history.append(record)
         self._write_metrics()
         self._save_checkpoint(epoch)
+        self.dist.barrier()
 
     # -- outputs -------------------------------------------------------------------------------
     def _metric_specs(self) -> dict[str, dict[str, dict[str, bool]]]:
         return {t.name: t.metric_specs() for t in self.tasks}
 
     def _write_metrics(self, final: dict[str, Any] | None = None) -> None:
+        if not self.dist.is_main:  # every rank holds the same history; rank 0 writes it
+            return
         payload = {
             "schema": 1,
             "benchmark": self.bench.name,
@@ -682,9 +722,12 @@ class Trainer:
             "fingerprint": self.config.fingerprint(),
             "versions": {"mtlflow": mtlflow.__version__, "torch": torch.__version__,
                          "python": platform.python_version()},
+            "distributed": self.dist.describe(),
         }
 
     def _write_run_json(self, status: str, error: str | None = None) -> None:
+        if not self.dist.is_main:
+            return
         info = self._run_info()
         info["status"] = status
         if error:
@@ -692,8 +735,11 @@ class Trainer:
         atomic.write_json(self.out_dir / "run.json", info)
 
     def _save_checkpoint(self, epoch: int) -> None:
+        if not self.dist.is_main:
+            return
         atomic.torch_save({
             "epoch": epoch,
+            "world_size": self.dist.world_size,
             "global_step": self.global_step,
             "fingerprint": self.config.fingerprint(),
             "data_hash": self.data.content_hash,
@@ -710,9 +756,10 @@ class Trainer:
     def _load_checkpoint(self) -> int:
         path = self.out_dir / "checkpoint.pt"
         try:
-            ckpt = torch.load(path, map_location=self.device, weights_only=False)
+            ckpt = self.dist.load(path, self.device)
         except Exception as exc:
             raise DataError(f"checkpoint {path} is corrupt ({type(exc).__name__}); delete it to start over") from None
+        self.dist.check_checkpoint(ckpt, path)
         if ckpt.get("fingerprint") != self.config.fingerprint():
             raise InvalidParameterError(
                 f"checkpoint {path} was written with a different configuration; use the same options "
@@ -736,9 +783,12 @@ class Trainer:
     def _finish(self) -> dict[str, Any]:
         final = select_final(self.history, self.config.select)
         self._write_metrics(final)
+        if not self.dist.is_main:
+            return {"final": final, "epochs": len(self.history)}
         atomic.torch_save({"state_dict": self.model.state_dict(), "benchmark": self.bench.name,
                            "benchmark_config": self.bench.config, "tasks": [t.name for t in self.tasks],
-                           "method": self.config.method, "data_hash": self.data.content_hash},
+                           "method": self.config.method, "data_hash": self.data.content_hash,
+                           "architecture": architectures.architecture_spec(self.model)},
                           self.out_dir / "model.pt")
         return {"final": final, "epochs": len(self.history)}
 
@@ -755,7 +805,7 @@ def load_model(model_path: str | Path, device: str = "cpu"):
     except Exception as exc:
         raise DataError(f"model file {path} is corrupt ({type(exc).__name__}); retrain the run") from None
     bench = benchmarks.build(blob["benchmark"], **blob["benchmark_config"])
-    model = bench.make_model(blob["tasks"])
+    model = architectures.rebuild_model(bench, blob["tasks"], blob.get("architecture"))
     model.load_state_dict(blob["state_dict"])
     return bench, model.to(device), blob
 

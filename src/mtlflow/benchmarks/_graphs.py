@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from mtlflow.benchmarks.base import load_tensor_file, seed_worker
+from mtlflow.benchmarks.base import Benchmark, load_tensor_file, seed_worker
 from mtlflow.errors import DataError
 from mtlflow.molgraphs import QM9_BOND_TYPES, MolGraph
 
@@ -137,19 +137,21 @@ class GraphDataset(Dataset):
         return Data(x=x, pos=pos, edge_index=torch.stack([src, dst]), edge_attr=edge_attr, y=y, idx=row)
 
 
-def graph_loader(dataset: Dataset, batch_size: int, shuffle: bool = False, generator: torch.Generator | None = None,
-                 num_workers: int = 0, pin_memory: bool = False) -> DataLoader:
-    """torch_geometric's DataLoader (collates ``Data`` into a ``Batch``)."""
-    from torch_geometric.loader import DataLoader as GraphDataLoader
+class GraphBenchmark(Benchmark):
+    """A benchmark whose samples are molecular graphs (``Data``), batched by torch_geometric's loader;
+    the targets of a batch are the columns of ``batch.y``."""
 
-    return GraphDataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
-                           num_workers=num_workers, pin_memory=pin_memory,
-                           worker_init_fn=seed_worker if num_workers else None)
+    def unpack(self, batch: Any) -> tuple[Any, list[Tensor]]:
+        return batch, list(batch.y.unbind(dim=1))
 
+    def make_loader(self, dataset: Dataset, batch_size: int, shuffle: bool = False,
+                    generator: torch.Generator | None = None, num_workers: int = 0,
+                    pin_memory: bool = False) -> DataLoader:
+        from torch_geometric.loader import DataLoader as GraphDataLoader
 
-def unpack_graph_batch(batch: Any) -> tuple[Any, list[Tensor]]:
-    """``(batch, [y_1, ..., y_K])``: the targets are the columns of ``batch.y``."""
-    return batch, list(batch.y.unbind(dim=1))
+        return GraphDataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
+                               num_workers=num_workers, pin_memory=pin_memory,
+                               worker_init_fn=seed_worker if num_workers else None)
 
 
 def standardise(y: Tensor, train_rows: Tensor) -> tuple[Tensor, list[float], list[float]]:

@@ -12,12 +12,12 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from mtlflow.benchmarks._graphs import (SPLIT_FILE, GraphDataset, graph_loader, load_store, pack_graphs,
-                                        random_split_ids, read_split, rows_of, standardise, unpack_graph_batch,
+from mtlflow.benchmarks._graphs import (SPLIT_FILE, GraphBenchmark, GraphDataset, load_store, pack_graphs,
+                                        random_split_ids, read_split, rows_of, standardise,
                                         write_split)
-from mtlflow.benchmarks.base import Benchmark, ConfigField, MultiTaskModel
+from mtlflow.benchmarks.base import ConfigField, MultiTaskModel
 from mtlflow.errors import DataError
 from mtlflow.hashing import file_sha256
 from mtlflow.molgraphs import categorical_graph_from_smiles, categorical_vocab_sizes
@@ -48,7 +48,7 @@ def verify_realdata_file(path: Path) -> str:
     return digest
 
 
-class MoleculeNetBenchmark(Benchmark):
+class MoleculeNetBenchmark(GraphBenchmark):
     """Graph benchmark over one realdata CSV with a ``smiles`` column and one column per task."""
 
     realdata_file: ClassVar[tuple[str, ...]]
@@ -122,14 +122,6 @@ class MoleculeNetBenchmark(Benchmark):
             y, _, std = standardise(store["y"], rows["train"])
             targets = with_scale(y, torch.tensor(std))
         return {name: GraphDataset(store, rows[name], targets, complete=False) for name in rows}
-
-    def unpack(self, batch: Any):
-        return unpack_graph_batch(batch)
-
-    def make_loader(self, dataset: Dataset, batch_size: int, shuffle: bool = False,
-                    generator: torch.Generator | None = None, num_workers: int = 0,
-                    pin_memory: bool = False) -> DataLoader:
-        return graph_loader(dataset, batch_size, shuffle, generator, num_workers, pin_memory)
 
     def make_model(self, task_names: Sequence[str] | None = None) -> MultiTaskModel:
         from mtlflow.models.mpnn import MPNNTrunk, regression_heads

@@ -124,6 +124,14 @@ class CelebA(Benchmark):
     train_defaults = {"epochs": 15, "batch_size": 256, "lr": 3e-4, "optimizer": "adam"}
     cpu_smoke = {"options": {"image_size": 32, "max_per_split": 64}, "train": {"epochs": 1, "batch_size": 32}}
 
+    def method_defaults(self, method: str) -> dict[str, Any]:
+        # LDC-MTL Table 5 / App. A.1 (CelebA): λ = 0.01, τ = σ(W), no normalisation, a [40, 1] trainable vector
+        if method == "ldcmtl":
+            # Table 5's λ multiplies the discrepancy in the authors' code: form="code" (see methods/ldcmtl.py)
+            return {"penalty": 0.01, "form": "code",
+                    "tau": "sigma", "normalization": "none", "router": "vector"}
+        return {}
+
     @property
     def tasks(self) -> list[TaskSpec]:
         return [TaskSpec(name, masked_binary_cross_entropy, (BinaryF1, BinaryAccuracy), primary="f1",

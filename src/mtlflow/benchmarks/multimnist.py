@@ -34,11 +34,11 @@ DIGIT = 28
 SPLITS = ("train", "val", "test")
 
 
-def _positive_int(v: Any) -> bool:
+def positive_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
-def _fraction(v: Any) -> bool:
+def fraction(v: Any) -> bool:
     return isinstance(v, (int, float)) and 0 < v < 1
 
 
@@ -109,6 +109,21 @@ def load_source_digits(mnist_dir: str | None) -> tuple[np.ndarray, np.ndarray, l
     return np.concatenate(images), np.concatenate(labels), sources
 
 
+def source_pools(cfg: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]],
+                                               dict[str, np.ndarray], np.random.Generator]:
+    """The source digits and their disjoint train/val/test index pools (so no digit image appears in
+    two splits), plus the seeded generator that goes on to draw the overlays."""
+    if cfg["val_fraction"] + cfg["test_fraction"] >= 1:
+        raise DataError("val_fraction + test_fraction must be below 1")
+    images, labels, sources = load_source_digits(cfg["mnist_dir"])
+    rng = np.random.default_rng(cfg["seed"])
+    order = rng.permutation(len(labels))
+    n_test = int(round(cfg["test_fraction"] * len(order)))
+    n_val = int(round(cfg["val_fraction"] * len(order)))
+    pools = {"test": order[:n_test], "val": order[n_test:n_test + n_val], "train": order[n_test + n_val:]}
+    return images, labels, sources, pools, rng
+
+
 def overlay(left: np.ndarray, right: np.ndarray, shift: int = CANVAS - DIGIT) -> np.ndarray:
     """Pixel-wise max of ``left`` at the top-left and ``right`` shifted by ``shift`` px down-right."""
     n = len(left)
@@ -123,11 +138,11 @@ class MultiMNIST(Benchmark):
     name = "multimnist"
     description = "Two overlaid real MNIST digits (36x36); tasks: left digit, right digit (Sener & Koltun 2018)"
     config_fields = {
-        "n_train": ConfigField(10_000, "overlaid training images", _positive_int, "a positive integer"),
-        "n_val": ConfigField(1_000, "overlaid validation images", _positive_int, "a positive integer"),
-        "n_test": ConfigField(2_000, "overlaid test images", _positive_int, "a positive integer"),
-        "val_fraction": ConfigField(0.1, "share of source digits reserved for validation", _fraction, "in (0, 1)"),
-        "test_fraction": ConfigField(0.2, "share of source digits reserved for test", _fraction, "in (0, 1)"),
+        "n_train": ConfigField(10_000, "overlaid training images", positive_int, "a positive integer"),
+        "n_val": ConfigField(1_000, "overlaid validation images", positive_int, "a positive integer"),
+        "n_test": ConfigField(2_000, "overlaid test images", positive_int, "a positive integer"),
+        "val_fraction": ConfigField(0.1, "share of source digits reserved for validation", fraction, "in (0, 1)"),
+        "test_fraction": ConfigField(0.2, "share of source digits reserved for test", fraction, "in (0, 1)"),
         "mnist_dir": ConfigField(None, "optional MNIST IDX folder whose digits are added to the pool",
                                  lambda v: v is None or isinstance(v, str), "a folder path"),
         "seed": ConfigField(0, "seed of the source split and of the pairing", lambda v: isinstance(v, int), "an integer"),
@@ -141,14 +156,7 @@ class MultiMNIST(Benchmark):
 
     def write_data(self, out_dir: Path) -> dict[str, Any]:
         cfg = self.config
-        if cfg["val_fraction"] + cfg["test_fraction"] >= 1:
-            raise DataError("val_fraction + test_fraction must be below 1")
-        images, labels, sources = load_source_digits(cfg["mnist_dir"])
-        rng = np.random.default_rng(cfg["seed"])
-        order = rng.permutation(len(labels))
-        n_test = int(round(cfg["test_fraction"] * len(order)))
-        n_val = int(round(cfg["val_fraction"] * len(order)))
-        pools = {"test": order[:n_test], "val": order[n_test:n_test + n_val], "train": order[n_test + n_val:]}
+        images, labels, sources, pools, rng = source_pools(cfg)
         sizes = {"train": cfg["n_train"], "val": cfg["n_val"], "test": cfg["n_test"]}
         for split in SPLITS:
             pool = pools[split]

@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 
 from mtlflow.benchmarks.base import (Benchmark, ConfigField, MultiTaskModel, MultiTaskTensorDataset, TaskSpec,
                                      load_tensor_file)
-from mtlflow.benchmarks.multimnist import DIGIT, SPLITS, load_source_digits
+from mtlflow.benchmarks.multimnist import DIGIT, SPLITS, fraction, positive_int, source_pools
 from mtlflow.errors import DataError
 from mtlflow.models.lenet import LeNetTrunk, classification_head
 from mtlflow.taskmetrics import Accuracy
@@ -34,14 +34,6 @@ SIZE = 28
 #: (row, column) of each digit's top-left corner on the 42x42 canvas, in task order.
 POSITIONS = {"top_left": (0, 0), "bottom_middle": (CANVAS - DIGIT, CANVAS // 2 - DIGIT // 2),
              "top_right": (0, CANVAS - DIGIT)}
-
-
-def _positive_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
-
-
-def _fraction(v: Any) -> bool:
-    return isinstance(v, (int, float)) and 0 < v < 1
 
 
 def overlay_three(digits: Sequence[np.ndarray]) -> np.ndarray:
@@ -72,11 +64,11 @@ class MultiMNIST3(Benchmark):
     name = "multimnist3"
     description = "Three overlaid real MNIST digits (42x42 -> 28x28); tasks: top-left, bottom-middle, top-right"
     config_fields = {
-        "n_train": ConfigField(10_000, "training images", _positive_int, "a positive integer"),
-        "n_val": ConfigField(1_000, "validation images", _positive_int, "a positive integer"),
-        "n_test": ConfigField(2_000, "test images", _positive_int, "a positive integer"),
-        "val_fraction": ConfigField(0.1, "share of source digits reserved for validation", _fraction, "in (0, 1)"),
-        "test_fraction": ConfigField(0.2, "share of source digits reserved for test", _fraction, "in (0, 1)"),
+        "n_train": ConfigField(10_000, "training images", positive_int, "a positive integer"),
+        "n_val": ConfigField(1_000, "validation images", positive_int, "a positive integer"),
+        "n_test": ConfigField(2_000, "test images", positive_int, "a positive integer"),
+        "val_fraction": ConfigField(0.1, "share of source digits reserved for validation", fraction, "in (0, 1)"),
+        "test_fraction": ConfigField(0.2, "share of source digits reserved for test", fraction, "in (0, 1)"),
         "mnist_dir": ConfigField(None, "optional MNIST IDX folder whose digits are added to the pool",
                                  lambda v: v is None or isinstance(v, str), "a folder path"),
         "seed": ConfigField(0, "seed of the source split and of the triples", lambda v: isinstance(v, int),
@@ -91,14 +83,7 @@ class MultiMNIST3(Benchmark):
 
     def write_data(self, out_dir: Path) -> dict[str, Any]:
         cfg = self.config
-        if cfg["val_fraction"] + cfg["test_fraction"] >= 1:
-            raise DataError("val_fraction + test_fraction must be below 1")
-        images, labels, sources = load_source_digits(cfg["mnist_dir"])
-        rng = np.random.default_rng(cfg["seed"])
-        order = rng.permutation(len(labels))
-        n_test = int(round(cfg["test_fraction"] * len(order)))
-        n_val = int(round(cfg["val_fraction"] * len(order)))
-        pools = {"test": order[:n_test], "val": order[n_test:n_test + n_val], "train": order[n_test + n_val:]}
+        images, labels, sources, pools, rng = source_pools(cfg)
         sizes = {"train": cfg["n_train"], "val": cfg["n_val"], "test": cfg["n_test"]}
         for split in SPLITS:
             triples = distinct_triples(pools[split], sizes[split], rng)

@@ -33,13 +33,13 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from mtlflow.benchmarks._graphs import (SPLIT_FILE, GraphDataset, graph_loader, load_store, pack_graphs,
-                                        random_split_ids, read_split, rows_of, standardise, unpack_graph_batch,
+from mtlflow.benchmarks._graphs import (SPLIT_FILE, GraphBenchmark, GraphDataset, load_store, pack_graphs,
+                                        random_split_ids, read_split, rows_of, standardise,
                                         write_split)
 from mtlflow.benchmarks._molnet import verify_realdata_file
-from mtlflow.benchmarks.base import (Benchmark, ConfigField, MultiTaskModel, PublishedReferences, TaskSpec)
+from mtlflow.benchmarks.base import ConfigField, MultiTaskModel, PublishedReferences, TaskSpec
 from mtlflow.errors import DataError
 from mtlflow.molgraphs import QM9_NODE_FEATURES, parse_number_list, qm9_graph_from_smiles, qm9_graph_from_xyz
 from mtlflow.regression_metrics import MAE, standardised_mse, with_scale
@@ -143,7 +143,7 @@ def _package_version(name: str) -> str | None:
         return None
 
 
-class QM9(Benchmark):
+class QM9(GraphBenchmark):
     name = "qm9"
     description = ("QM9 (130,831 molecules, DFT geometries from qm9pack): 11 property regressions with the "
                    "MPNN of Nash-MTL/FAMO/FairGrad/COST; MAE in the papers' units")
@@ -174,6 +174,14 @@ class QM9(Benchmark):
     #: A CPU smoke configuration (a few thousand molecules, a few epochs) -- used by the tests.
     cpu_smoke = {"options": {"n_molecules": 3000, "n_val": 500, "n_test": 500},
                  "train": {"epochs": 3, "batch_size": 64}}
+
+    def method_defaults(self, method: str) -> dict[str, Any]:
+        # LDC-MTL Table 5 / App. A.1 (QM9): λ = 0.05, τ = σ(W), log normalisation (l_0 per epoch), a [11, 1] vector
+        if method == "ldcmtl":
+            # Table 5's λ multiplies the discrepancy in the authors' code: form="code" (see methods/ldcmtl.py)
+            return {"penalty": 0.05, "form": "code",
+                    "tau": "sigma", "normalization": "log", "router": "vector"}
+        return {}
 
     @property
     def target_names(self) -> list[str]:
@@ -305,14 +313,6 @@ class QM9(Benchmark):
         y, _, std = standardise(store["y"][:, columns], rows["train"])
         targets = with_scale(y, torch.tensor(std))
         return {name: GraphDataset(store, rows[name], targets, complete=True) for name in rows}
-
-    def unpack(self, batch: Any):
-        return unpack_graph_batch(batch)
-
-    def make_loader(self, dataset: Dataset, batch_size: int, shuffle: bool = False,
-                    generator: torch.Generator | None = None, num_workers: int = 0,
-                    pin_memory: bool = False) -> DataLoader:
-        return graph_loader(dataset, batch_size, shuffle, generator, num_workers, pin_memory)
 
     def make_model(self, task_names: Sequence[str] | None = None) -> MultiTaskModel:
         from mtlflow.models.mpnn import MPNNTrunk, regression_heads

@@ -68,6 +68,8 @@ class Toy(Benchmark):
             defaults["min_losses"] = [-21.0 * float(self.config["scale"]), -21.0]
         if method == "famo":  # FAMO's toy run.sh uses γ = 0 (no weight decay on the logits)
             defaults["gamma"] = 0.0
+        if method == "ldcmtl":  # LDC-MTL App. A.3: rescale normalisation; the router reads no features here
+            defaults.update(normalization="rescale", router="vector")
         return defaults
 
     def write_data(self, out_dir: Path) -> dict[str, Any]:

@@ -1,0 +1,217 @@
+"""COST on real MultiMNIST: loss invariance of a teleport, merged model = adapter model, HTR on the
+optimizer the trainer steps, telemetry in metrics.json, ``--teleport cost`` on top of five base methods,
+exact resume, the CLI and the pipeline/DVC plumbing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mtlflow import jobs
+from mtlflow.callbacks import Callback
+from mtlflow.errors import InvalidParameterError
+from mtlflow.teleport import adapters
+from mtlflow.train import TrainConfig, Trainer
+
+#: a teleport must leave every task loss on the trigger batch within this much of its value (relative)
+INVARIANCE_TOLERANCE = 0.02
+ALWAYS = {"trigger": "always"}
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _trainer(data_dir, tmp_path, method="fairgrad", **options):
+    bench, data = jobs.load_prepared(data_dir)
+    config = TrainConfig(method=method, batch_size=64, max_steps_per_epoch=2, epochs=1,
+                         hparams=jobs.resolved_hparams(bench, method, {}), teleport="cost",
+                         teleport_options={**ALWAYS, **options})
+    trainer = Trainer(bench, data, config, tmp_path / "run", progress=False)
+    for cb in trainer.callbacks:
+        cb.on_train_start(trainer)
+        cb.on_epoch_start(trainer, 1)
+    return trainer
+
+
+class MomentProbe(Callback):
+    """Records Adam's moments of one shared tensor around the step (added after COST, so it sees the
+    betas COST set and reads the moments after COST restored them)."""
+
+    name = "probe"
+
+    def before_optimizer_step(self, trainer, state):
+        p = trainer.shared[0]
+        st = trainer.optimizer.state[p]
+        self.params = torch.cat([q.detach().reshape(-1) for q in trainer.shared]).clone()
+        self.before = (st["exp_avg"].clone(), st["exp_avg_sq"].clone(), p.grad.clone(),
+                       trainer.optimizer.param_groups[0]["betas"])
+
+    def after_optimizer_step(self, trainer, state):
+        st = trainer.optimizer.state[trainer.shared[0]]
+        self.after = (st["exp_avg"].clone(), st["exp_avg_sq"].clone(), trainer.optimizer.param_groups[0]["betas"])
+
+
+def test_teleport_keeps_losses_moves_the_trunk_and_applies_htr_to_the_stepped_optimizer(multimnist_small, tmp_path):
+    trainer = _trainer(multimnist_small, tmp_path, delay_epochs=1)
+    cost = trainer.callbacks[0]
+    batches = iter(trainer._loader(1))
+    trainer.train_step(next(batches), 1)          # an ordinary step first (delayed start): Adam has moments
+    assert not cost._events
+    cost.on_epoch_start(trainer, 2)               # epoch 2: teleports allowed
+    shared_ids = [id(p) for p in trainer.shared]
+    state_keys = {id(p) for p in trainer.optimizer.state}
+    before = torch.cat([p.detach().reshape(-1) for p in trainer.shared]).clone()
+    probe = MomentProbe()
+    trainer.callbacks.append(probe)
+    trainer.train_step(next(batches), 2)
+    (event,) = cost._events
+    after = probe.params  # after the teleport, before the optimizer step of the redone step
+    # the trunk moved, by what the event reports, and the losses on the trigger batch did not
+    assert (after - before).norm() / before.norm() > 1e-3
+    assert event["displacement_norm"] == pytest.approx(float((after - before).norm()), rel=1e-4)
+    for task, loss in event["losses_before"].items():
+        assert abs(event["losses_after"][task] - loss) <= INVARIANCE_TOLERANCE * loss, event
+    # same parameter tensors, optimizer state still keyed by them
+    assert [id(p) for p in trainer.shared] == shared_ids and {id(p) for p in trainer.optimizer.state} == state_keys
+    # HTR: Eq. 13 with the recorded σ on the optimizer that stepped, betas restored afterwards
+    sigma = event["sigma"]
+    v0, s0, g, betas = probe.before
+    v1, s1, restored = probe.after
+    assert betas == pytest.approx((sigma * 0.9, sigma * 0.999)) and restored == (0.9, 0.999)
+    assert torch.allclose(v1, sigma * 0.9 * v0 + (1 - sigma * 0.9) * g, atol=1e-7)
+    assert torch.allclose(s1, sigma * 0.999 * s0 + (1 - sigma * 0.999) * g * g, atol=1e-9)
+    assert event["htr_applied"] and sigma == max(0.0, min(1.0, event["sigma_raw"]))
+    for key in ("reason", "conflicting_before", "conflicting_after", "cosine_to_mean_before", "cosine_to_mean_after",
+                "grad_norms_before", "grad_norms_after", "adapter_steps", "seconds"):
+        assert key in event
+
+
+def test_without_the_invariance_term_the_same_teleport_changes_the_losses_more(multimnist_small, tmp_path):
+    changes = {}
+    for use_invariance in (True, False):
+        trainer = _trainer(multimnist_small, tmp_path / str(use_invariance), use_invariance=use_invariance,
+                           htr=False)
+        trainer.train_step(next(iter(trainer._loader(1))), 1)
+        changes[use_invariance] = trainer.callbacks[0]._events[0]["loss_change_max_abs"]
+    assert changes[False] > 2 * changes[True]
+
+
+@pytest.mark.parametrize("adapter", ["lora", "loha"])
+def test_merged_model_has_no_adapters_and_equals_the_adapter_model(multimnist_small, tmp_path, adapter):
+    trainer = _trainer(multimnist_small, tmp_path)
+    model, shared = trainer.model, trainer.shared
+    adapted = adapters.inject(model, shared, adapter, rank=5)
+    assert adapted.targets == ["trunk.conv.0", "trunk.conv.3", "trunk.fc.1"]  # trunk layers only, no head
+    with torch.no_grad():
+        for p in adapted.adapter_parameters:
+            p.normal_(0, 0.3)
+    x, _ = trainer._inputs_targets(next(iter(trainer._loader(1))))
+    with torch.no_grad():
+        expected = adapted.model(x)
+        original = model(x)
+    assert not torch.allclose(expected[0], original[0], atol=1e-3)  # the adapters do change the outputs
+    merged = adapters.merge_and_unload(adapted)
+    assert not [n for n, _ in merged.named_modules() if "lora" in n or "hada" in n]
+    assert [type(merged.get_submodule(t)) for t in adapted.targets] == [torch.nn.Conv2d, torch.nn.Conv2d, torch.nn.Linear]
+    ids = [id(p) for p in shared]
+    adapters.copy_shared_into(merged, model, shared)
+    assert [id(p) for p in shared] == ids
+    with torch.no_grad():
+        for a, b in zip(expected, model(x)):
+            assert (a - b).abs().max() <= 1e-5 * a.abs().max()  # float32 round-off of the merged weights
+
+
+def test_oft_is_refused_on_conv_layers_and_bad_wrappers_are_one_line_errors(multimnist_small, tmp_path):
+    with pytest.raises(InvalidParameterError, match="oft.*Conv2d.*lora or loha"):
+        _trainer(multimnist_small, tmp_path, adapter="oft")
+    bench, data = jobs.load_prepared(multimnist_small)
+    with pytest.raises(InvalidParameterError, match="unknown teleport 'bogus'"):
+        TrainConfig(teleport="bogus").validate()
+    with pytest.raises(InvalidParameterError, match="without a teleport"):
+        TrainConfig(teleport_options={"trigger": "weak"}).validate()
+    with pytest.raises(InvalidParameterError, match="at least 2 tasks"):
+        Trainer(bench, data, TrainConfig(tasks=["left"], teleport="cost"), tmp_path / "r", progress=False)
+    with pytest.raises(InvalidParameterError, match="owns its training step"):
+        TrainConfig(method="moml", teleport="cost").validate()
+
+
+@pytest.mark.parametrize("method", ["ls", "mgda", "famo", "fairgrad", "nashmtl"])
+def test_teleport_cost_wraps_every_kind_of_base_method(multimnist_small, tmp_path, method):
+    result = jobs.train(multimnist_small, tmp_path / method, method=method, epochs=1, batch_size=64,
+                        max_steps_per_epoch=2, progress=False, teleport="cost",
+                        teleport_options={**ALWAYS, "steps": 2, "perturbations": 1})
+    metrics = json.loads((tmp_path / method / "metrics.json").read_text())
+    cost = metrics["epochs"][0]["cost"]
+    assert cost["teleports"] == 1 and cost["checked_steps"] == 1 and len(cost["events"]) == 1
+    assert cost["resolved_options"]["trigger"] == "always" and "conflict_ratio" in metrics["epochs"][0]
+    event = cost["events"][0]
+    assert "losses_after" in event and "grad_norms_after" in event
+    assert all(torch.isfinite(torch.tensor(v["acc"])) for v in result["final"]["test"].values())
+    run = jobs.read_run(tmp_path / method)
+    assert jobs.run_label(run["run"]).startswith(f"{method}") and "+cost(" in jobs.run_label(run["run"])
+
+
+def test_cost_run_resumes_exactly(multimnist_small, tmp_path):
+    common = dict(method="fairgrad", batch_size=64, max_steps_per_epoch=2, progress=False, teleport="cost",
+                  teleport_options={**ALWAYS, "steps": 2, "perturbations": 1})
+    full = jobs.train(multimnist_small, tmp_path / "full", epochs=2, **common)
+    jobs.train(multimnist_small, tmp_path / "split", epochs=1, **common)
+    resumed = jobs.train(multimnist_small, tmp_path / "split", epochs=2, resume=True, **common)
+    assert resumed["final"] == full["final"]
+
+
+def test_cli_train_with_teleport_and_one_line_errors(multimnist_small, tmp_path, capsys):
+    from mtlflow.cli import main
+
+    out = tmp_path / "cli"
+    code = main(["train", "--data", str(multimnist_small), "--method", "ls", "--epochs", "1", "--batch-size", "64",
+                 "--max-steps-per-epoch", "1", "--teleport", "cost", "--teleport-option", "trigger=always",
+                 "--teleport-option", "steps=1", "--no-progress", "--out", str(out)])
+    assert code == 0
+    run = json.loads((out / "run.json").read_text())
+    assert run["config"]["teleport"] == "cost" and run["config"]["teleport_options"]["trigger"] == "always"
+    assert json.loads((out / "metrics.json").read_text())["epochs"][0]["cost"]["teleports"] == 1
+    capsys.readouterr()
+    for args, match in [(["--teleport-option", "adapter=oft"], "oft"), (["--teleport-option", "bogus=1"], "unknown COST"),
+                        (["--teleport", "warp"], "unknown teleport")]:
+        base = ["train", "--benchmark", "multimnist", "--method", "ls", "--out", str(tmp_path / "bad")]
+        extra = args if args[0] == "--teleport" else ["--teleport", "cost", *args]
+        code = main(base + extra)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and match in err[0], err
+
+
+def test_pipeline_and_dvc_pass_the_teleport_through(multimnist_small, tmp_path, monkeypatch):
+    import yaml
+
+    from mtlflow import stages
+    from pipelines import runner
+
+    runner.validate_params("benchmark_sweep", {"teleport": "cost", "teleport_options": {"trigger": "weak"}})
+    with pytest.raises(InvalidParameterError, match="unknown teleport"):
+        runner.validate_params("benchmark_sweep", {"teleport": "warp"})
+    with pytest.raises(InvalidParameterError, match="owns its training step"):
+        runner.validate_params("benchmark_sweep", {"teleport": "cost", "methods": ["moml"]})
+    params = yaml.safe_load(open(runner.__file__.rsplit("/", 2)[0] + "/params.yaml"))
+    assert params["train"]["teleport"] == "" and params["train"]["teleport_options"] == {}
+    params["train"].update(teleport="cost", teleport_options={"trigger": "always", "steps": 1}, epochs=1,
+                           options={"batch_size": 64, "max_steps_per_epoch": 1})
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(stages, "DATA", multimnist_small)
+    stages.stage_train(params, "ls", 0)
+    run = json.loads((tmp_path / "runs/mtl/ls-s0/run.json").read_text())
+    assert run["config"]["teleport"] == "cost"
+
+
+def test_released_variant_trains_with_the_released_codes_choices(multimnist_small, tmp_path):
+    jobs.train(multimnist_small, tmp_path / "released", method="fairgrad", epochs=1, batch_size=64,
+               max_steps_per_epoch=2, progress=False, teleport="cost",
+               teleport_options={"variant": "released", "trigger": "always", "perturbations": 1})
+    cost = json.loads((tmp_path / "released" / "metrics.json").read_text())["epochs"][0]["cost"]
+    resolved, (event,) = cost["resolved_options"], cost["events"]
+    assert (resolved["invariance_weight"], resolved["gamma"], resolved["balance"], resolved["noise"]) == \
+        (10.0, 0.5, "complement", "per-tensor")
+    # two passes over every training batch (256 images at 64: 4 batches) plus the trigger batch
+    assert event["adapter_batches"] == 5 and event["adapter_steps"] == 10
+    assert event["htr_reference"] == "last-update" and sum(event["balance_weights"]) == pytest.approx(2 * (2 - 1))

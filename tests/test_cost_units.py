@@ -1,0 +1,221 @@
+"""COST building blocks on constructed inputs: trigger rules (Eqs. 3, 4, Def. 1), R (Eq. 10), L_t (Eq. 7),
+L_g (Eq. 9) and its gradient path to the adapter, HTR on Adam's moments (Eq. 13), option validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from mtlflow.errors import InvalidParameterError
+from mtlflow.teleport.htr import apply_htr, htr_sigma, restore_htr
+from mtlflow.teleport.objective import (balance_weights, invariance_loss, sample_perturbation, sharpness_loss)
+from mtlflow.teleport.options import CostOptions
+from mtlflow.teleport.triggers import (RULES, describe, dominated_conflict, gradient_stats, many_task_conflict,
+                                       released_conflict, weak_conflict)
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def stats_of(*rows: list[float]):
+    return gradient_stats(torch.tensor(rows, dtype=torch.float64), pairwise=True)
+
+
+# -- triggers ----------------------------------------------------------------------------------------------
+
+def test_dominated_conflict_fires_only_when_the_smallest_gradient_opposes_the_mean():
+    # g2 is the smaller gradient and points against g0 = (0.25, 0.05)
+    fires = stats_of([1.0, 0.0], [-0.5, 0.1])
+    assert fires.cos_to_mean[1] < 0 and dominated_conflict(fires)
+    # the two gradients conflict (cos < 0) but the smaller one still agrees with the mean
+    weak_only = stats_of([1.0, 0.0], [-0.1, 1.0])
+    assert weak_only.pairwise_cos[0, 1] < 0 and (weak_only.cos_to_mean > 0).all()
+    assert not dominated_conflict(weak_only)
+    assert not dominated_conflict(stats_of([1.0, 0.0], [0.2, 1.0]))
+
+
+def test_dominated_conflict_looks_at_the_smallest_norm_task_only():
+    # K = 3: task 3 opposes the mean, but the smallest-norm task 1 does not
+    stats = stats_of([1.0, 0.0], [10.0, 0.0], [-4.0, 1.0])
+    assert stats.cos_to_mean[2] < 0 and int(torch.argmin(stats.norms)) == 0
+    assert not dominated_conflict(stats)
+    assert released_conflict(stats)           # the released code fires on any task
+    assert not many_task_conflict(stats)      # 1 < ceil(3/2) = 2
+
+
+def test_weak_conflict_fires_on_any_negative_pair_and_not_otherwise():
+    assert weak_conflict(stats_of([1.0, 0.0], [-0.1, 1.0]))
+    assert weak_conflict(stats_of([1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.5, -0.2, 1.0]))
+    assert not weak_conflict(stats_of([1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.5, 0.2, 1.0]))
+    with pytest.raises(InvalidParameterError, match="pairwise"):
+        weak_conflict(gradient_stats(torch.tensor([[1.0, 0.0], [-1.0, 0.1]])))
+
+
+def test_many_task_rule_needs_ceil_half_of_the_tasks_against_the_mean():
+    base = [[10.0, 0.0], [10.0, 0.5], [-1.0, 0.2], [-1.0, -0.2]]     # 2 of 4 oppose g0
+    stats = stats_of(*base)
+    assert stats.conflicting == 2 and many_task_conflict(stats)
+    one = stats_of([10.0, 0.0], [10.0, 0.5], [-1.0, 0.2], [1.0, -0.2])
+    assert one.conflicting == 1 and not many_task_conflict(one)
+    # K = 5: ceil(5/2) = 3 needed
+    five = stats_of([10.0, 0.0], [10.0, 0.5], [10.0, -0.5], [-1.0, 0.2], [-1.0, -0.2])
+    assert five.conflicting == 2 and not many_task_conflict(five)
+
+
+def test_released_rule_uses_less_or_equal_and_a_zero_gradient_triggers_only_it():
+    stats = stats_of([1.0, 0.0], [0.0, 0.0])
+    assert float(stats.cos_to_mean[1]) == 0.0
+    assert released_conflict(stats) and not dominated_conflict(stats) and not weak_conflict(stats)
+    assert RULES["always"](stats)
+
+
+def test_trigger_reasons_name_the_tasks():
+    stats = stats_of([1.0, 0.0], [-0.5, 0.1])
+    assert "right" in describe("dominated", stats, ["left", "right"])
+    assert "left" in describe("weak", stats, ["left", "right"])
+    assert "1 of 2" in describe("many-task", stats, ["left", "right"])
+
+
+# -- objective ---------------------------------------------------------------------------------------------
+
+def test_balance_weights_follow_eq_10_and_the_released_formula():
+    norms = torch.tensor([1.0, 3.0], dtype=torch.float64)
+    logits = torch.tensor([4.0, 4.0 / 3.0], dtype=torch.float64)   # Σ‖g‖ / ‖g_i‖
+    expected = 2 * torch.exp(logits) / torch.exp(logits).sum()
+    assert torch.allclose(balance_weights(norms, "softmax"), expected)
+    assert balance_weights(norms, "softmax")[0] > balance_weights(norms, "softmax")[1]  # small gradient, large R
+    assert torch.allclose(balance_weights(norms, "complement"), torch.tensor([1.5, 0.5], dtype=torch.float64))
+    assert math.isclose(float(balance_weights(torch.rand(7) + 0.1).sum()), 7.0, rel_tol=1e-9)
+
+
+def test_invariance_and_sharpness_losses_on_hand_computed_values():
+    losses, targets = torch.tensor([1.0, 2.0]), torch.tensor([1.5, 1.0])
+    assert math.isclose(float(invariance_loss(losses, targets)), (0.5 + 1.0) / 2)
+    base = torch.tensor([1.0, 2.0])
+    perturbed = torch.tensor([[1.1, 1.8], [0.7, 2.5]])          # diffs (0.1, -0.2), (-0.3, 0.5)
+    r = torch.tensor([1.5, 0.5])
+    # Eq. 9: max_j |mean_i R_i d_ij| = max(|0.15 - 0.1| / 2, |-0.45 + 0.25| / 2) = 0.1
+    assert math.isclose(float(sharpness_loss(base, perturbed, r, "max-of-mean", 1.0)), 0.1, rel_tol=1e-6)
+    # released: mean_i max_j R_i |d_ij| / δ = (max(0.15, 0.45) + max(0.1, 0.25)) / 2 / 0.5 = 0.7
+    assert math.isclose(float(sharpness_loss(base, perturbed, r, "mean-of-max", 0.5)), 0.7, rel_tol=1e-6)
+
+
+def test_perturbations_lie_on_the_sphere_or_have_the_norm_per_tensor():
+    shapes = {"a": torch.Size([3, 4]), "b": torch.Size([5])}
+    g = torch.Generator().manual_seed(0)
+    eps = sample_perturbation(shapes, 0.3, "sphere", g, torch.float64, torch.device("cpu"))
+    assert math.isclose(float(torch.sqrt(sum((t ** 2).sum() for t in eps.values()))), 0.3, rel_tol=1e-9)
+    eps = sample_perturbation(shapes, 0.3, "per-tensor", g, torch.float64, torch.device("cpu"))
+    assert all(math.isclose(float(t.norm()), 0.3, rel_tol=1e-9) for t in eps.values())
+
+
+def _tiny_model() -> nn.Module:
+    from mtlflow.benchmarks.base import MultiTaskModel
+
+    torch.manual_seed(0)
+    trunk = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 5), nn.Tanh())
+    return MultiTaskModel(trunk, [nn.Linear(5, 1), nn.Linear(5, 1)], ["a", "b"]).double()
+
+
+@pytest.mark.parametrize("path", ["through-perturbations", "unperturbed-only"])
+def test_sharpness_gradient_reaches_the_adapter_and_matches_finite_differences(path):
+    """L_g is differentiated through the perturbed losses too (functional_call on the adapted model);
+    the gradient w.r.t. LoRA's B equals central finite differences of the same (fixed-ε) L_g."""
+    from mtlflow.teleport import adapters
+
+    model = _tiny_model()
+    adapted = adapters.inject(model, model.shared_parameters(), "lora", rank=2)
+    net = adapted.model
+    lora_b = [p for n, p in net.named_parameters() if "lora_B" in n]
+    with torch.no_grad():
+        for p in lora_b:
+            p.normal_(0, 0.3)  # away from B = 0, where the gradient w.r.t. A would vanish
+    params = dict(net.named_parameters())
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(16, 4, generator=g, dtype=torch.float64)
+    y = torch.randn(16, 2, generator=g, dtype=torch.float64)
+    shapes = {n: params[n].shape for n in adapted.shared_names}
+    eps = [sample_perturbation(shapes, 0.5, "sphere", g, torch.float64, torch.device("cpu")) for _ in range(3)]
+    r = torch.tensor([1.3, 0.7], dtype=torch.float64)
+
+    def losses(perturbation=None):
+        out = net(x) if perturbation is None else torch.func.functional_call(
+            net, {n: params[n] + perturbation[n] for n in perturbation}, (x,))
+        return torch.stack([((o.squeeze(-1) - y[:, i]) ** 2).mean() for i, o in enumerate(out)])
+
+    def l_g():
+        perturbed = torch.stack([losses(e) for e in eps])
+        if path == "unperturbed-only":
+            perturbed = perturbed.detach()
+        return sharpness_loss(losses(), perturbed, r, "max-of-mean", 0.5)
+
+    target = lora_b[0]
+    (grad,) = torch.autograd.grad(l_g(), target)
+    assert grad.abs().max() > 1e-6
+    direction = torch.randn(target.shape, generator=g, dtype=torch.float64)
+    h = 1e-6
+    with torch.no_grad():
+        target.add_(h * direction)
+        up = float(l_g())
+        target.sub_(2 * h * direction)
+        down = float(l_g())
+        target.add_(h * direction)
+    if path == "through-perturbations":
+        assert math.isclose((up - down) / (2 * h), float((grad * direction).sum()), rel_tol=1e-5, abs_tol=1e-9)
+    else:  # the released code's path: only the unperturbed term carries a gradient, so it is not L_g's
+        assert not math.isclose((up - down) / (2 * h), float((grad * direction).sum()), rel_tol=1e-3)
+
+
+# -- HTR -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("optimizer_cls", [torch.optim.Adam, torch.optim.AdamW])
+def test_htr_changes_adams_moments_exactly_as_eq_13(optimizer_cls):
+    p = nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))
+    other = nn.Parameter(torch.tensor([0.5], dtype=torch.float64))
+    opt = optimizer_cls([{"params": [p]}, {"params": [other], "lr": 0.01}], lr=0.1, betas=(0.9, 0.999))
+    p.grad, other.grad = torch.tensor([0.5, -1.0], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64)
+    opt.step()
+    # after one step: v = 0.1 g1 = (0.05, -0.1), s = 0.001 g1² = (0.00025, 0.001)
+    assert torch.allclose(opt.state[p]["exp_avg"], torch.tensor([0.05, -0.1], dtype=torch.float64))
+    assert torch.allclose(opt.state[p]["exp_avg_sq"], torch.tensor([0.00025, 0.001], dtype=torch.float64))
+    saved = apply_htr(opt, [p], sigma=0.5)
+    assert opt.param_groups[0]["betas"] == (0.45, 0.4995) and opt.param_groups[1]["betas"] == (0.9, 0.999)
+    p.grad, other.grad = torch.tensor([2.0, 1.0], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64)
+    opt.step()
+    # Eq. 13 by hand: v = 0.45 (0.05, -0.1) + 0.55 (2, 1); s = 0.4995 (0.00025, 0.001) + 0.5005 (4, 1)
+    assert torch.allclose(opt.state[p]["exp_avg"], torch.tensor([1.1225, 0.505], dtype=torch.float64), atol=1e-15)
+    assert torch.allclose(opt.state[p]["exp_avg_sq"], torch.tensor([2.002124875, 0.5009995], dtype=torch.float64),
+                          atol=1e-15)
+    # the other group kept β = (0.9, 0.999): v = 0.9·0.1 + 0.1·1
+    assert torch.allclose(opt.state[other]["exp_avg"], torch.tensor([0.19], dtype=torch.float64))
+    restore_htr(saved)
+    assert opt.param_groups[0]["betas"] == (0.9, 0.999)
+
+
+def test_htr_sigma_is_the_cosine_clamped_at_zero_and_sgd_is_left_alone():
+    assert htr_sigma(torch.tensor([1.0, 1.0]), torch.tensor([2.0, 0.0]))[0] == pytest.approx(1 / math.sqrt(2))
+    sigma, raw = htr_sigma(torch.tensor([1.0, 0.0]), torch.tensor([-3.0, 0.0]))
+    assert (sigma, raw) == (0.0, pytest.approx(-1.0))
+    p = nn.Parameter(torch.zeros(2))
+    assert apply_htr(torch.optim.SGD([p], lr=0.1, momentum=0.9), [p], 0.5) == []
+
+
+# -- options -------------------------------------------------------------------------------------------------
+
+def test_options_resolve_per_variant_and_reject_bad_values_in_one_line():
+    paper = CostOptions.from_mapping({}).resolved()
+    assert (paper.trigger, paper.rank, paper.gamma, paper.balance) == ("dominated", 5, 0.1, "softmax")
+    released = CostOptions.from_mapping({"variant": "released"}).resolved()
+    assert (released.invariance_weight, released.gamma, released.balance, released.passes, released.batches) == \
+        (10.0, 0.5, "complement", 2, 0)
+    assert CostOptions.from_mapping({"variant": "released", "gamma": 0.1}).resolved().gamma == 0.1
+    for bad, match in [({"bogus": 1}, "unknown COST option"), ({"trigger": "sometimes"}, "trigger must be one of"),
+                       ({"rank": 0}, "rank must be an integer"), ({"radius": -1.0}, "radius must be a positive"),
+                       ({"use_invariance": False, "use_sharpness": False}, "cannot both be false"),
+                       ({"passes": 2, "steps": 3}, "exclude each other"), ({"variant": "v2"}, "variant must be")]:
+        with pytest.raises(InvalidParameterError, match=match) as info:
+            CostOptions.from_mapping(bad)
+        assert "\n" not in str(info.value)

@@ -1,0 +1,212 @@
+"""LDC-MTL: the discrepancy and penalty of Eq. 1, the normalisations of App. A.1, one backward pass for the
+model and the router (Alg. 1), the double loop (Alg. 2), Table 5 defaults, training on MultiMNIST."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from mtlflow import benchmarks, jobs, methods
+from mtlflow.errors import InvalidParameterError
+from mtlflow.methods.base import StepContext
+from mtlflow.methods.ldcmtl import LDCMTL, discrepancy, penalty
+
+RUN = {"batch_size": 32, "max_steps_per_epoch": 3, "progress": False}
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def vector_method(logits: list[float], **hp) -> LDCMTL:
+    method = methods.build("ldcmtl", len(logits), router="vector", **hp)
+    method.setup(SimpleNamespace(config=SimpleNamespace(seed=0, lr=1e-3, optimizer="adam"), model=None))
+    with torch.no_grad():
+        method.router.logits.copy_(torch.tensor(logits))
+    return method
+
+
+def context(losses: torch.Tensor, epoch: int = 1, step: int = 0) -> StepContext:
+    return StepContext(step=step, epoch=epoch, losses=losses.detach(), recompute_losses=lambda: losses.detach())
+
+
+@pytest.mark.parametrize("tau,form", [("sigma", "paper"), ("one", "paper"), ("sigma", "code")])
+def test_objective_is_discrepancy_plus_penalty_with_its_closed_form_gradient(tau: str, form: str) -> None:
+    logits, lam = [0.3, -0.2, 0.5], 0.07
+    losses = torch.tensor([2.0, 0.4, 1.1], dtype=torch.float64, requires_grad=True)
+    method = vector_method(logits, penalty=lam, tau=tau, form=form)
+    c_f, c_g = (1.0, lam) if form == "paper" else (lam, 1.0)  # f + λg (Eq. 2) or g + λf (official code)
+    method.before_backward(context(losses))
+    value = method.objective(losses)
+
+    sigma = np.exp(logits) / np.exp(logits).sum()
+    t = sigma if tau == "sigma" else np.ones(3)
+    l = losses.detach().numpy()
+    gaps = t[:-1] * l[:-1] - t[1:] * l[1:]
+    assert float(value.detach()) == pytest.approx(c_f * np.abs(gaps).sum() + c_g * (sigma * l).sum(), rel=1e-6)
+    # ∂/∂l_i = c_f τ_i (sign(gap_i) − sign(gap_{i−1})) + c_g σ_i, with gap_0 = gap_K = 0
+    signs = np.concatenate([[0.0], np.sign(gaps), [0.0]])
+    expected = c_f * t * (signs[1:] - signs[:-1]) + c_g * sigma
+    (grad,) = torch.autograd.grad(value, losses)
+    np.testing.assert_allclose(grad.numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(method.last_weights.numpy(), sigma, rtol=1e-6)
+
+
+def test_discrepancy_uses_consecutive_pairs_and_the_smoothed_absolute_value() -> None:
+    values, tau = torch.tensor([1.0, 3.0, 0.5, 0.5]), torch.tensor([0.5, 0.25, 1.0, 2.0])
+    # weighted: 0.5, 0.75, 0.5, 1.0 -> gaps -0.25, 0.25, -0.5
+    assert float(discrepancy(values, tau)) == pytest.approx(1.0)
+    smooth = float(discrepancy(values, tau, smooth_abs=0.01))
+    assert smooth == pytest.approx(2 * (0.0625 + 0.01) ** 0.5 + (0.25 + 0.01) ** 0.5)
+    assert float(penalty(values, tau)) == pytest.approx(0.5 + 0.75 + 0.5 + 1.0)
+    assert float(discrepancy(torch.tensor([4.0]), torch.tensor([1.0]))) == 0.0  # one task: nothing to balance
+
+
+def test_log_reference_is_renewed_every_epoch_and_rescale_keeps_the_first_step() -> None:
+    log = vector_method([0.0, 0.0], normalization="log")
+    rescale = vector_method([0.0, 0.0], normalization="rescale")
+    for epoch, losses in ((1, [2.0, 4.0]), (1, [1.0, 1.0]), (2, [0.5, 0.8])):
+        current = torch.tensor(losses, dtype=torch.float64)
+        for m in (log, rescale):
+            m.before_backward(context(current, epoch=epoch))
+    assert log.reference_losses.tolist() == [0.5, 0.8]          # l_{i,0}: first step of epoch 2
+    assert rescale.reference_losses.tolist() == [2.0, 4.0]      # l'_i: first step of the run
+    probe = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    np.testing.assert_allclose(log._normalized(probe).numpy(), np.log([1 / 0.5, 2 / 0.8]), rtol=1e-6)
+    np.testing.assert_allclose(rescale._normalized(probe).numpy(), [0.5, 0.5], rtol=1e-6)
+    with pytest.raises(InvalidParameterError, match="min_losses"):
+        log._normalized(torch.tensor([0.0, 1.0], dtype=torch.float64))
+
+
+def test_bad_hyper_parameters_are_rejected() -> None:
+    for bad in ({"router": "attention"}, {"tau": "two"}, {"penalty": 0.0}, {"normalization": "sqrt"},
+                {"loop": "triple"}, {"min_losses": [0.0]}):
+        with pytest.raises(InvalidParameterError):
+            methods.build("ldcmtl", 2, **bad)
+
+
+class CallCounter:
+    """Counts calls of ``torch.autograd.backward`` (what ``Tensor.backward`` calls) and ``torch.autograd.grad``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self.backward = self.grad = 0
+        real_backward, real_grad = torch.autograd.backward, torch.autograd.grad
+
+        def backward(*args, **kwargs):
+            self.backward += 1
+            return real_backward(*args, **kwargs)
+
+        def grad(*args, **kwargs):
+            self.grad += 1
+            return real_grad(*args, **kwargs)
+
+        monkeypatch.setattr(torch.autograd, "backward", backward)
+        monkeypatch.setattr(torch.autograd, "grad", grad)
+
+
+def trainer_for(data_dir: Path, tmp_path: Path, **hp):
+    from mtlflow.train import TrainConfig, Trainer
+
+    bench, data = jobs.load_prepared(data_dir)
+    config = TrainConfig(method="ldcmtl", hparams=hp, batch_size=32, seed=0)
+    trainer = Trainer(bench, data, config, tmp_path / "run", progress=False)
+    batch = next(iter(trainer._loader(1)))
+    return trainer, batch
+
+
+def manual_gradients(trainer, batch, method: LDCMTL, snapshot_model: dict, snapshot_router: dict):
+    """∇ of f + λ g w.r.t. (model, router) at the snapshot, written out from the formulas."""
+    model = trainer.model
+    model.load_state_dict(snapshot_model)
+    method.router.load_state_dict(snapshot_router)
+    forward = trainer._forward(batch)
+    losses = forward.stacked
+    sigma = method.router(forward.features.detach())
+    tau = sigma if method.hp["tau"] == "sigma" else torch.ones_like(sigma)
+    value = discrepancy(losses, tau) + method.hp["penalty"] * penalty(losses, sigma)
+    params = [p for p in model.parameters()] + list(method.router.parameters())
+    return torch.autograd.grad(value, params)
+
+
+def test_one_backward_pass_gives_model_and_router_the_bilevel_gradient(multimnist_small: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer, batch = trainer_for(multimnist_small, tmp_path, router="mlp", penalty=0.1)
+    method: LDCMTL = trainer.method
+    trainer.train_step(batch, epoch=1)  # builds the MLP router from the feature width (128 -> 64 -> 32 -> 2)
+    assert [m.weight.shape for m in method.router.mlp if isinstance(m, torch.nn.Linear)] == [
+        (64, 128), (32, 64), (2, 32)]
+    model_before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    router_before = {k: v.clone() for k, v in method.router.state_dict().items()}
+
+    counter = CallCounter(monkeypatch)
+    trainer.train_step(batch, epoch=1)
+    assert (counter.backward, counter.grad) == (1, 0)  # Alg. 1: one gradient computation for x and W
+
+    got = [p.grad.clone() for p in trainer.model.parameters()] + [p.grad.clone() for p in method.router.parameters()]
+    router_after = {k: v.clone() for k, v in method.router.state_dict().items()}
+    monkeypatch.undo()
+    expected = manual_gradients(trainer, batch, method, model_before, router_before)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-7)
+    assert any(not torch.equal(router_before[k], router_after[k]) for k in router_before)  # the router stepped
+
+
+def test_double_loop_adds_only_the_router_correction(multimnist_small: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    single, batch = trainer_for(multimnist_small, tmp_path / "a", router="vector", penalty=0.5)
+    double, _ = trainer_for(multimnist_small, tmp_path / "b", router="vector", penalty=0.5, loop="double",
+                            inner_steps=3, inner_lr=1e-9)
+    single.train_step(batch, epoch=1)
+    with torch.no_grad():
+        losses = double._forward(batch).stacked
+    counter = CallCounter(monkeypatch)
+    double.train_step(batch, epoch=1)
+    assert (counter.backward, counter.grad) == (1, 3)  # N inner gradient steps, then the one joint backward
+    monkeypatch.undo()
+    for a, b in zip(single.model.parameters(), double.model.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)  # x's update is Alg. 1's
+    # with z_N = x (β -> 0) the correction −λ∇_W g(W, z_N) cancels λ∇_W g(W, x): only ∇_W f is left
+    logits = torch.zeros(2, requires_grad=True)
+    sigma = torch.softmax(logits, 0)
+    (expected,) = torch.autograd.grad(discrepancy(losses, sigma), logits)
+    torch.testing.assert_close(double.method.router.logits.grad, expected, rtol=1e-4, atol=1e-7)
+
+
+def test_table5_defaults_come_from_the_benchmarks() -> None:
+    expected = {"celeba": (0.01, "sigma", "none", "vector"), "qm9": (0.05, "sigma", "log", "vector"),
+                "cityscapes": (0.1, "one", "none", "mlp"), "nyuv2": (0.05, "one", "none", "mlp")}
+    for name, (lam, tau, norm, router) in expected.items():
+        hp = benchmarks.build(name).method_defaults("ldcmtl")
+        assert (hp["penalty"], hp["tau"], hp["normalization"], hp["router"]) == (lam, tau, norm, router), name
+        assert hp["form"] == "code"  # Table 5's λ is the discrepancy's coefficient in the authors' code
+        methods.build("ldcmtl", 2, **hp)
+    assert benchmarks.build("nyuv2").method_defaults("ldcmtl")["router_bias"] is False
+    assert benchmarks.build("toy").method_defaults("ldcmtl")["normalization"] == "rescale"
+
+
+def test_trains_on_multimnist_and_learns_router_weights(multimnist_small: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    result = jobs.train(multimnist_small, run, method="ldcmtl", hparams={"normalization": "rescale"}, epochs=2,
+                        **RUN)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert json.loads((run / "run.json").read_text())["status"] == "completed"
+    first, last = metrics["epochs"][0]["train_loss"], metrics["epochs"][-1]["train_loss"]
+    assert sum(last.values()) < sum(first.values())
+    weights = metrics["epochs"][-1]["method_weights_mean"]
+    assert sum(weights.values()) == pytest.approx(1.0, abs=1e-6) and weights["left"] != 0.5
+    assert all(0.0 <= v["acc"] <= 1.0 for v in result["final"]["test"].values())
+
+
+def test_bench_reports_the_ratio_to_ls_against_the_papers_claim(tmp_path: Path) -> None:
+    from mtlflow.bench import run_bench
+
+    summary = run_bench(tmp_path, ["ldcmtl"], task_counts=[3], steps=2, warmup=1, batch_size=4, width=2,
+                        image_size=16, engine_rows=(), progress=False, hparams={"ldcmtl": {"router": "vector"}})
+    row = next(r for r in summary["methods"] if r["method"] == "ldcmtl")
+    assert row["status"] == "ok" and row["ratio_to_ls"] > 0
+    check = next(t for t in summary["targets"] if t["target"].startswith("paper"))
+    assert check["target"] == "paper: step <= 1.11x LS" and check["value"] == row["ratio_to_ls"]

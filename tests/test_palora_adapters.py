@@ -1,0 +1,138 @@
+"""PaLoRA's adapters (Eq. 2): the layer output, merging into a plain network, parameter counts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mtlflow import benchmarks
+from mtlflow.errors import InvalidParameterError
+from mtlflow.pareto.adapters import PreferenceAdapters, parameter_overhead
+
+
+def _randomise(adapters: PreferenceAdapters, seed: int = 0) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for delta in adapters.deltas.values():
+            delta.A.copy_(torch.randn(delta.A.shape, generator=gen) * 0.3)
+
+
+def _multimnist_model():
+    torch.manual_seed(0)
+    return benchmarks.build("multimnist").make_model()
+
+
+def test_linear_layer_computes_eq2():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 4))
+    holder = nn.Module()
+    holder.trunk = model
+    adapters = PreferenceAdapters.inject(holder, n_tasks=3, rank=2, alpha=5.0, layers="trunk")
+    _randomise(adapters)
+    delta = adapters.deltas["trunk.0"]
+    base = model[0].parametrizations.weight.original.detach()
+    lam = torch.tensor([0.2, 0.5, 0.3])
+    x = torch.randn(7, 6)
+    # y' = (W + (α/r) Σ_t λ_t A_t B_t) x + b with A_t ∈ R^{n×r}, B_t ∈ R^{r×m}
+    w = base + (5.0 / 2) * sum(lam[t] * delta.A[t] @ delta.B[t] for t in range(3))
+    with adapters.preference(lam):
+        out = model(x)
+    assert delta.A.shape == (3, 4, 2) and delta.B.shape == (3, 2, 6)
+    assert torch.allclose(out, x @ w.T + model[0].bias, atol=1e-6)
+    assert torch.equal(adapters.state.value, adapters.centre)  # the block restored the previous preference
+
+
+@pytest.mark.parametrize("factorization", ["matrix", "kernel"])
+def test_conv_layer_computes_eq2_in_both_factorisations(factorization):
+    torch.manual_seed(1)
+    holder = nn.Module()
+    holder.trunk = nn.Sequential(nn.Conv2d(3, 5, 3, padding=1))
+    adapters = PreferenceAdapters.inject(holder, n_tasks=2, rank=1, alpha=2.0, factorization=factorization)
+    _randomise(adapters, 3)
+    delta = adapters.deltas["trunk.0"]
+    conv = holder.trunk[0]
+    base = conv.parametrizations.weight.original.detach()
+    lam = torch.tensor([0.7, 0.3])
+    products = [delta.A[t] @ delta.B[t] for t in range(2)]
+    w = base + 2.0 * sum(lam[t] * products[t].reshape(base.shape) for t in range(2))
+    x = torch.randn(2, 3, 8, 8)
+    with adapters.preference(lam):
+        out = conv(x)
+    assert torch.allclose(out, F.conv2d(x, w, conv.bias, padding=1), atol=1e-5)
+    expected = (5, 1), (1, 27)  # matrix: n × r and r × c·k²
+    if factorization == "kernel":
+        expected = (15, 3), (3, 9)  # kernel: nk × rk and rk × ck
+    assert (tuple(delta.A.shape[1:]), tuple(delta.B.shape[1:])) == expected
+
+
+def test_adapters_start_as_the_base_network_for_every_preference():
+    model = _multimnist_model()
+    x = torch.rand(4, 1, 36, 36)
+    with torch.no_grad():
+        before = model(x)
+        adapters = PreferenceAdapters.inject(model, 2, 1, 5.0)
+        for lam in ([1.0, 0.0], [0.0, 1.0], [0.5, 0.5]):
+            with adapters.preference(lam):
+                assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(model(x), before))
+
+
+def test_merged_state_dict_is_the_plain_network_of_that_preference():
+    bench = benchmarks.build("multimnist")
+    model = _multimnist_model()
+    adapters = PreferenceAdapters.inject(model, 2, 1, 5.0)
+    _randomise(adapters)
+    x = torch.rand(5, 1, 36, 36)
+    model.eval()
+    for lam in ([0.0, 1.0], [0.3, 0.7], [-1.0, 1.0]):  # pseudo-preferences outside Δ (Sec. 6.2) merge too
+        plain = bench.make_model()
+        plain.load_state_dict(adapters.merged_state_dict(lam))  # strict: no adapter entry is left
+        plain.eval()
+        with torch.no_grad(), adapters.preference(lam):
+            adapted = model(x)
+            merged = plain(x)
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(adapted, merged))
+        assert not any("parametrizations" in k for k in plain.state_dict())
+    with pytest.raises(InvalidParameterError, match="2 finite numbers"):
+        adapters.merged_state_dict([0.5])
+
+
+def test_default_layers_are_the_trunks_conv_and_linear_layers():
+    model = _multimnist_model()
+    adapters = PreferenceAdapters.inject(model, 2, 1, 1.0)
+    assert sorted(adapters.deltas) == ["trunk.conv.0", "trunk.conv.3", "trunk.fc.1"]
+    assert not any(torch.nn.utils.parametrize.is_parametrized(m) for m in model.heads.modules())
+    everything = PreferenceAdapters.inject(_multimnist_model(), 2, 1, 1.0, layers="all")
+    assert len(everything.deltas) == 3 + 2 * 2  # trunk + two Linear layers per head
+    assert list(PreferenceAdapters.inject(_multimnist_model(), 2, 1, 1.0, layers="trunk.fc").deltas) == ["trunk.fc.1"]
+    with pytest.raises(InvalidParameterError, match="match no Conv2d/Linear layer"):
+        PreferenceAdapters.inject(_multimnist_model(), 2, 1, 1.0, layers="trunk.nope")
+
+
+@pytest.mark.parametrize("factorization", ["matrix", "kernel"])
+def test_parameter_count_follows_sec_4_1(factorization):
+    model = _multimnist_model()
+    report = parameter_overhead(model, n_tasks=2, rank=2, layers="all", factorization=factorization)
+    adapters = PreferenceAdapters.inject(model, 2, 2, 1.0, layers="all", factorization=factorization)
+    assert report["adapter_parameters"] == sum(p.numel() for p in adapters.parameters())
+    for row in report["layers"]:
+        module = adapters.model.get_submodule(row["layer"])
+        k = module.kernel_size[0] if isinstance(module, nn.Conv2d) and factorization == "kernel" else 1
+        n, c = row["n"], row["m"] // (k * k)
+        assert row["adapters"] == 2 * 2 * k * k * (n + c)  # matrix: T·r·(m + n); kernel: T·r·k²(n + c)
+
+
+def test_overheads_on_the_benchmarks():
+    """Ours (trunk, matrix): 1.96 % on MultiMNIST at r = 1. With heads adapted and LoRA's convolution
+    layout the counts equal the paper's: 12.5 % (PaMaL's LeNet, r = 1), 4.2 % / 6.3 % (SegNet, r = 4)."""
+    mm = parameter_overhead(benchmarks.build("multimnist").make_model(), 2, 1)
+    assert round(mm["overhead_percent"], 2) == 1.96
+    pamal = benchmarks.build("multimnist3").make_model(["top_left", "bottom_middle"])
+    assert round(parameter_overhead(pamal, 2, 1, "all", "kernel")["overhead_percent"], 2) == 12.50
+    city = benchmarks.build("cityscapes", model="segnet").make_model()
+    assert round(parameter_overhead(city, 2, 4, "all", "kernel")["overhead_percent"], 1) == 4.2
+    assert round(parameter_overhead(city, 2, 4)["overhead_percent"], 2) == 2.27
+    nyu = benchmarks.build("nyuv2", model="segnet").make_model()
+    assert round(parameter_overhead(nyu, 3, 4, "all", "kernel")["overhead_percent"], 1) == 6.3
+    assert round(parameter_overhead(nyu, 3, 4)["overhead_percent"], 2) == 3.41

@@ -1,0 +1,94 @@
+"""PaLoRA's preference grids and schedules (Eq. 3, App. C, Sec. 6.1 / App. D variants)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mtlflow.errors import InvalidParameterError
+from mtlflow.pareto.simplex import (MIN_CONCENTRATION, PreferenceSchedule, anneal, default_eval_subdivisions,
+                                    default_rays, grid_size, simplex_grid, subdivisions_for)
+
+
+def test_two_task_grid_is_the_papers_linspace():
+    grid = simplex_grid(2, 4)
+    lam = torch.linspace(0, 1, 5, dtype=torch.float64)  # App. C: torch.linspace(0, 1, M), λ = [λ, 1 − λ]
+    assert torch.equal(grid, torch.stack([lam, 1 - lam], dim=1))
+    assert simplex_grid(2, default_eval_subdivisions(2)).shape == (11, 2)  # the 11-point evaluation grid
+
+
+@pytest.mark.parametrize("n_tasks,subdivisions", [(3, 3), (3, 5), (4, 2), (5, 3)])
+def test_triangular_grid_is_even_and_complete(n_tasks, subdivisions):
+    grid = simplex_grid(n_tasks, subdivisions)
+    assert grid.shape == (grid_size(n_tasks, subdivisions), n_tasks) == (math.comb(subdivisions + n_tasks - 1,
+                                                                                     n_tasks - 1), n_tasks)
+    assert torch.allclose(grid.sum(dim=1), torch.ones(len(grid), dtype=torch.float64))
+    steps = grid * subdivisions
+    assert torch.allclose(steps, steps.round()) and bool((grid >= 0).all())  # lattice points k / n
+    assert len({tuple(r) for r in steps.round().int().tolist()}) == len(grid)  # no duplicates
+    assert simplex_grid(3, 3).shape[0] == 10  # Fig. 11: 10 rays for three tasks
+
+
+def test_ray_counts_must_form_an_even_grid():
+    assert subdivisions_for(3, 10) == 3 and subdivisions_for(2, 5) == 4
+    with pytest.raises(InvalidParameterError, match="use one of 3, 6, 10, 15"):
+        subdivisions_for(3, 7)
+    with pytest.raises(InvalidParameterError, match="at least 2 rays"):
+        PreferenceSchedule("annealed", 2, 1)
+    assert default_rays(2) == 5 and default_rays(3) == 10 and default_rays(5) == grid_size(5, 2)
+    assert grid_size(3, default_eval_subdivisions(3)) <= 30
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_tasks=st.integers(2, 4), subdivisions=st.integers(1, 4), temperature=st.floats(0.5, 5.0))
+def test_annealed_schedule_starts_at_the_centre_and_ends_at_the_grid(n_tasks, subdivisions, temperature):
+    grid = simplex_grid(n_tasks, subdivisions)
+    sched = PreferenceSchedule("annealed", n_tasks, len(grid), temperature=temperature)
+    centre = torch.full((len(grid), n_tasks), 1.0 / n_tasks, dtype=torch.float64)
+    assert torch.allclose(sched.rays(0.0), centre)
+    end = sched.rays(1.0)
+    # τ = 1: g_{1,Q}(λ̃), the non-annealed deterministic rays; for Q = 1 exactly the grid
+    assert torch.allclose(end, PreferenceSchedule("deterministic", n_tasks, len(grid), temperature=temperature).rays(0.3))
+    assert torch.allclose(PreferenceSchedule("annealed", n_tasks, len(grid)).rays(1.0), grid)
+    for tau in (0.0, 0.25, 0.5, 1.0):
+        rays = sched.rays(tau)
+        assert torch.allclose(rays.sum(dim=1), torch.ones(len(grid), dtype=torch.float64)) and bool((rays >= 0).all())
+
+
+def test_annealed_rays_move_monotonically_from_the_centre_to_the_faces():
+    sched = PreferenceSchedule("annealed", 3, 10)
+    centre = torch.full((3,), 1 / 3, dtype=torch.float64)
+    distances = torch.stack([(sched.rays(t) - centre).norm(dim=1) for t in torch.linspace(0, 1, 21).tolist()])
+    assert bool((distances[1:] >= distances[:-1] - 1e-12).all())
+    assert float(distances[-1].max()) > 0.5  # the vertices are reached
+
+
+def test_eq3_by_hand():
+    grid = torch.tensor([[0.25, 0.75]], dtype=torch.float64)
+    tau, q = 0.6, 2.0
+    expected = torch.tensor([0.25 ** (tau / q), 0.75 ** (tau / q)], dtype=torch.float64)
+    assert torch.allclose(anneal(grid, tau, q), (expected / expected.sum()).unsqueeze(0))
+
+
+def test_dirichlet_variants_are_seeded_resumable_and_anneal_to_the_vertices():
+    a = PreferenceSchedule("dirichlet", 3, 4, concentration=2.0, seed=7)
+    b = PreferenceSchedule("dirichlet", 3, 4, concentration=2.0, seed=7)
+    first = a.rays(0.1)
+    assert first.shape == (4, 3) and torch.equal(first, b.rays(0.9))  # random: τ does not matter
+    state = a.state_dict()
+    nxt = a.rays(0.2)
+    a.load_state_dict(state)
+    assert torch.equal(a.rays(0.2), nxt)  # exact resume from the checkpointed generator
+    assert not torch.equal(PreferenceSchedule("dirichlet", 3, 4, seed=8).rays(0.0), first)
+    single = PreferenceSchedule("dirichlet", 2, 1)  # the PHN setting: one random ray per batch
+    assert single.rays(0.5).shape == (1, 2)
+    late = PreferenceSchedule("dirichlet-annealed", 2, 200, concentration=1.0, seed=1).rays(1.0)
+    early = PreferenceSchedule("dirichlet-annealed", 2, 200, concentration=1.0, seed=1).rays(0.0)
+    assert torch.isfinite(late).all() and torch.allclose(late.sum(dim=1), torch.ones(200, dtype=torch.float64))
+    # concentration p(1 − τ) → MIN_CONCENTRATION: the draws collapse onto the vertices
+    assert float(late.max(dim=1).values.min()) > 0.99 > float(early.max(dim=1).values.min())
+    assert MIN_CONCENTRATION > 0

@@ -1,0 +1,159 @@
+"""PaLoRA end to end on real (tiny) MultiMNIST: Algorithm 1's step, the recorded front, evaluate,
+aggregate, Pareto expansion, resume and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import TINY_RUN
+from mtlflow import cli, jobs
+from mtlflow.errors import DataError, InvalidParameterError
+from mtlflow.pareto.simplex import anneal, simplex_grid
+from mtlflow.scoring import hypervolume
+from mtlflow.train import TrainConfig, Trainer, load_model
+
+#: a 3-point evaluation grid and no per-epoch front keep the plumbing tests fast
+FAST = {"eval_subdivisions": 2, "front_every": 0}
+
+
+def _close(a: dict, b: dict) -> bool:
+    """Nested {task: {metric: value}} dictionaries equal up to float rounding."""
+    return a.keys() == b.keys() and all(a[t] == pytest.approx(b[t]) for t in a)
+
+
+@pytest.fixture(scope="module")
+def ls_run(multimnist_small, tmp_path_factory):
+    """A tiny linear-scalarisation run: the single-point method beside the front, and the start of expansion."""
+    out = tmp_path_factory.mktemp("palora-ls") / "ls"
+    jobs.train(multimnist_small, out, method="ls", epochs=1, **TINY_RUN)
+    return out
+
+
+def test_step_minimises_the_sum_over_rays_of_the_preference_weighted_losses(multimnist_small, tmp_path):
+    """Algorithm 1: for every ray λ_m the network is W + (α/r) Σ λ_t A_t B_t and its loss λ_mᵀ L; one
+    update follows the gradient of Σ_m λ_mᵀ L_m w.r.t. base weights, adapters and heads."""
+    bench, data = jobs.load_prepared(multimnist_small)
+    config = TrainConfig(method="palora", hparams={"rays": 3, "alpha": 2.0, **FAST}, epochs=1, batch_size=32,
+                         optimizer="sgd", lr=1.0)
+    trainer = Trainer(bench, data, config, tmp_path / "run", progress=False)
+    method = trainer.method
+    method.total_steps = 11
+    trainer.global_step = 5  # τ = 0.5
+    with torch.no_grad():  # non-zero adapters, so that λ changes the network
+        for p in method.adapters.parameters():
+            p.normal_(0, 0.1)
+    batch = next(iter(trainer._loader(1)))
+    rays = anneal(simplex_grid(2, 2), 0.5, 1.0)
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    total = 0.0
+    for lam in rays:
+        with method.adapters.preference(lam):
+            losses, _ = trainer.forward_losses(batch)
+        total = total + (lam.float() * losses).sum()
+    expected = torch.autograd.grad(total, params)
+    captured = {}
+    trainer.optimizer.step = lambda: captured.update(grads=[p.grad.clone() for p in params])
+    info = trainer.train_step(batch, 1)
+    assert all(torch.allclose(g, e, atol=1e-5, rtol=1e-4) for g, e in zip(captured["grads"], expected))
+    assert torch.allclose(info["weights"], rays.mean(dim=0))
+    assert any(p.grad.abs().sum() > 0 for p in method.adapters.parameters())
+    assert torch.equal(method.adapters.state.value, method.adapters.centre)  # evaluation runs at the centre
+
+
+def test_palora_records_its_front_and_every_job_reads_it(multimnist_small, ls_run, tmp_path):
+    run = tmp_path / "palora"
+    result = jobs.train(multimnist_small, run, method="palora", epochs=1, **TINY_RUN)
+    metrics = json.loads((run / "metrics.json").read_text())
+    for record in metrics["epochs"]:  # the paper's 11-point grid after every epoch (front_every = 1)
+        front = record["preference_front"]
+        assert len(front["preferences"]) == 11 and front["preferences"][3] == pytest.approx([0.3, 0.7])
+        assert front["reference_point"] == [1.0, 1.0]
+        for split in ("val", "test"):
+            values = front["splits"][split]
+            assert len(values["metrics"]) == 11 and 1 <= values["non_dominated"] <= 11
+            assert values["hypervolume"] == pytest.approx(hypervolume(values["errors"], [1.0, 1.0]))
+    selected = metrics["preference_front"]
+    assert selected["selection"] == {"rule": "last", "epochs": [1]}
+    assert selected["splits"]["test"]["errors"] == metrics["epochs"][-1]["preference_front"]["splits"]["test"]["errors"]
+    assert result["preference_front"] == selected
+    assert (run / "pareto_front.png").read_bytes().startswith(b"\x89PNG")
+    # the centre point of the grid is the run's single-point result
+    assert selected["splits"]["test"]["metrics"][5] == metrics["final"]["test"]
+
+    # model.pt: the merged centre network for every consumer, and the adapters for the front
+    _, plain, blob = load_model(run / "model.pt")
+    assert "palora" in blob and not any("parametrizations" in k for k in plain.state_dict())
+    evaluation = jobs.evaluate(run, multimnist_small)
+    assert _close(evaluation["metrics"], metrics["final"]["test"])
+    assert all(_close(a, b) for a, b in zip(evaluation["preference_front"]["splits"]["test"]["metrics"],
+                                            selected["splits"]["test"]["metrics"], strict=True))
+    # one preference exported as a plain network evaluates like that point of the front
+    merged = tmp_path / "merged"
+    assert cli.main(["palora", "merge", str(run), "--preference", "1,0", "--out", str(merged / "model.pt")]) == 0
+    vertex = jobs.evaluate(merged, multimnist_small)
+    assert "preference_front" not in vertex
+    assert _close(vertex["metrics"], selected["splits"]["test"]["metrics"][10])
+
+    summary = jobs.aggregate([run, ls_run], tmp_path / "report")
+    assert summary["preference_front_methods"] == ["palora"]
+    front = summary["methods"]["palora"]["preference_front"]
+    assert front["errors"] == selected["splits"]["test"]["errors"] and front["hypervolume_per_seed"] == [
+        pytest.approx(selected["splits"]["test"]["hypervolume"])]
+    assert "preference_front" not in summary["methods"]["ls"]
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert "Learned Pareto fronts" in html and "palora: front on the preference grid" in html
+    assert "| 0.30, 0.70 |" in (tmp_path / "report" / "results.md").read_text()
+
+
+def test_pareto_expansion_trains_only_the_adapters(multimnist_small, ls_run, tmp_path):
+    ls = ls_run
+    start = torch.load(ls / "model.pt", weights_only=False)["state_dict"]
+    run = tmp_path / "expand"
+    jobs.train(multimnist_small, run, method="palora", epochs=1, hparams={"init_from": str(ls / "model.pt"), **FAST},
+               **TINY_RUN)
+    adapted = torch.load(run / "model.pt", weights_only=False)["palora"]["state_dict"]
+    for key, value in start.items():  # base weights and heads are the LS model's
+        name = key.replace(".weight", ".parametrizations.weight.original") if key not in adapted else key
+        assert torch.equal(adapted[name], value), key
+    assert any(adapted[k].abs().sum() > 0 for k in adapted if k.endswith(".A"))  # the adapters moved
+    with pytest.raises(InvalidParameterError, match="is a PaLoRA model"):
+        jobs.train(multimnist_small, tmp_path / "x", method="palora", epochs=1,
+                   hparams={"init_from": str(run / "model.pt"), **FAST}, **TINY_RUN)
+    with pytest.raises(DataError, match="not found"):
+        jobs.train(multimnist_small, tmp_path / "y", method="palora", epochs=1,
+                   hparams={"init_from": str(tmp_path / "none.pt"), **FAST}, **TINY_RUN)
+
+
+def test_random_schedule_resumes_exactly(multimnist_small, tmp_path):
+    hp = {"schedule": "dirichlet", "rays": 2, **FAST, "eval_subdivisions": 1}
+    tiny = {**TINY_RUN, "max_steps_per_epoch": 1}
+    full = jobs.train(multimnist_small, tmp_path / "full", method="palora", epochs=2, hparams=hp, **tiny)
+    jobs.train(multimnist_small, tmp_path / "part", method="palora", epochs=1, hparams=hp, **tiny)
+    resumed = jobs.train(multimnist_small, tmp_path / "part", method="palora", epochs=2, hparams=hp, resume=True,
+                         **tiny)
+    assert resumed["final"] == full["final"]
+    assert resumed["preference_front"]["splits"] == full["preference_front"]["splits"]
+
+
+def test_cli_trains_palora_and_lists_it(multimnist_small, tmp_path, capsys):
+    """`mtlflow train --method palora` (in-process: the same parser and command, without a second
+    interpreter's imports), `mtlflow methods`, a bad hyper-parameter and `mtlflow palora overhead`."""
+    assert cli.main(["train", "--data", str(multimnist_small), "--method", "palora", "--hp", "rays=3",
+                     "--hp", "eval_subdivisions=2", "--epochs", "1", "--batch-size", "64", "--max-steps-per-epoch",
+                     "2", "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["run_dir"] == str(tmp_path / "run") and set(printed["test"]) == {"left", "right"}
+    assert len(json.loads((tmp_path / "run" / "metrics.json").read_text())["preference_front"]["preferences"]) == 3
+    assert cli.main(["methods"]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("palora "))
+    assert "pareto-front" in line and "O(M)" in line
+    # bad hyper-parameters: one line, exit 2, before any data work
+    assert cli.main(["train", "--data", str(multimnist_small), "--method", "palora", "--hp", "rays=1",
+                     "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "at least 2 rays" in err[0] and not (tmp_path / "bad").exists()
+    assert cli.main(["palora", "overhead", "--benchmark", "multimnist"]) == 0
+    assert "1.96 %" in capsys.readouterr().out
