@@ -219,3 +219,20 @@ def test_options_resolve_per_variant_and_reject_bad_values_in_one_line():
         with pytest.raises(InvalidParameterError, match=match) as info:
             CostOptions.from_mapping(bad)
         assert "\n" not in str(info.value)
+
+
+def test_oft_is_allowed_on_linear_trunks_and_merges_exactly():
+    from mtlflow.teleport import adapters
+
+    model = _tiny_model().float()
+    adapted = adapters.inject(model, model.shared_parameters(), "oft", rank=2)
+    with torch.no_grad():
+        for p in adapted.adapter_parameters:
+            p.normal_(0, 0.1)
+    x = torch.randn(8, 4)
+    with torch.no_grad():
+        expected = adapted.model(x)
+        assert not torch.allclose(expected[0], model(x)[0], atol=1e-4)
+        merged = adapters.merge_and_unload(adapted)
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(expected, merged(x)))
+    assert not [n for n, _ in merged.named_modules() if "oft_" in n]

@@ -52,7 +52,8 @@ def test_annealed_schedule_starts_at_the_centre_and_ends_at_the_grid(n_tasks, su
     assert torch.allclose(sched.rays(0.0), centre)
     end = sched.rays(1.0)
     # τ = 1: g_{1,Q}(λ̃), the non-annealed deterministic rays; for Q = 1 exactly the grid
-    assert torch.allclose(end, PreferenceSchedule("deterministic", n_tasks, len(grid), temperature=temperature).rays(0.3))
+    fixed = PreferenceSchedule("deterministic", n_tasks, len(grid), temperature=temperature)
+    assert torch.allclose(end, fixed.rays(0.3))
     assert torch.allclose(PreferenceSchedule("annealed", n_tasks, len(grid)).rays(1.0), grid)
     for tau in (0.0, 0.25, 0.5, 1.0):
         rays = sched.rays(tau)

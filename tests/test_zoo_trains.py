@@ -32,7 +32,13 @@ TOY_MIN_LOSSES = [-21.0 * 0.1, -21.0]
 MULTIMNIST_HPARAMS: dict[str, dict[str, Any]] = {
     "stch": {"warmup_epochs": 0},
     "dwa": {"window": "iterations", "iteration_window": 2},
+    # the annealed schedule follows the progress through the planned run, which extending a 1-epoch
+    # run to 2 epochs changes (as it would a cosine learning-rate schedule); a resume that keeps the
+    # planned epochs (kill and rerun) sees the same schedule
+    "palora": {"schedule": "deterministic"},
 }
+#: methods that need layers to adapt: the toy model is the point itself
+TOY_INAPPLICABLE = {"palora": "its adapters go on Conv2d/Linear layers; the toy model has none"}
 RUN = {"batch_size": 32, "max_steps_per_epoch": 3, "progress": False}
 
 
@@ -56,6 +62,8 @@ def toy_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("name", ALL_METHODS)
 def test_method_trains_on_toy(name: str, toy_data: Path, tmp_path: Path) -> None:
+    if name in TOY_INAPPLICABLE:
+        pytest.skip(f"{name}: {TOY_INAPPLICABLE[name]}")
     run = tmp_path / "run"
     jobs.train(toy_data, run, method=name, hparams=toy_hparams(name), epochs=1, lr=0.05, progress=False)
     assert read_json(run / "run.json")["status"] == "completed"

@@ -88,15 +88,18 @@ def pareto_plot(summary: Mapping[str, Any]) -> bytes:
     tasks = summary["tasks"]
     labels = sorted(summary["methods"])
     fig, ax = plt.subplots(figsize=(6, 4.5))
+    fronts = summary.get("preference_front_methods") or []
     if len(tasks) == 2:
+        colours = {}
         for label in labels:
             row = summary["methods"][label]
             x, y = row["primary_errors"]
-            ax.scatter([x], [y], s=60, marker="*" if row["pareto_optimal"] else "o", label=label)
-        for label in summary.get("preference_front_methods") or []:
+            points = ax.scatter([x], [y], s=60, marker="*" if row["pareto_optimal"] else "o", label=label)
+            colours[label] = points.get_facecolor()[0]
+        for label in fronts:  # a Pareto-front method's grid points, in the colour of its single point
             learned = summary["methods"][label]["preference_front"]
             ax.plot([e[0] for e in learned["errors"]], [e[1] for e in learned["errors"]], marker=".", lw=1,
-                    label=f"{label}: learned front (HV {learned['hypervolume']:.4f})")
+                    color=colours[label], label=f"{label}: learned front (HV {learned['hypervolume']:.4f})")
         front = sorted((summary["methods"][m]["primary_errors"] for m in summary["pareto_set"]))
         if len(front) > 1:
             ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=0.8, label="Pareto set")
@@ -109,7 +112,10 @@ def pareto_plot(summary: Mapping[str, Any]) -> bytes:
         ax.set_xticks(range(len(tasks)), tasks, rotation=45, ha="right")
         ax.set_ylabel("error of the primary metric")
         ax.set_title("Per-task errors (parallel coordinates)")
-    ax.legend(fontsize=8)
+    if fronts:  # more entries: beside the axes, not over the points
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    else:
+        ax.legend(fontsize=8)
     data = _figure_png(fig)
     plt.close(fig)
     return data

@@ -197,7 +197,8 @@ class PaLoRA(Method):
     def _check_finite(self, losses: Tensor, lam: Tensor, trainer: Any, epoch: int) -> None:
         if not bool(torch.isfinite(losses).all()):
             raise NonFiniteLossError(f"palora: non-finite loss {losses.detach().tolist()} for preference "
-                                     f"{[round(float(v), 4) for v in lam]} at epoch {epoch}, step {trainer.global_step}; "
+                                     f"{[round(float(v), 4) for v in lam]} at epoch {epoch}, "
+                                     f"step {trainer.global_step}; "
                                      "lower --lr or alpha, or set --clip-grad-norm")
 
     # -- the front -------------------------------------------------------------------------------

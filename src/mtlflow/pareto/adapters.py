@@ -51,7 +51,8 @@ FACTORIZATIONS = ("matrix", "kernel")
 LAYER_SETS = ("trunk", "all")
 
 
-def factor_shapes(module: nn.Module, rank: int, factorization: str = "matrix") -> tuple[tuple[int, int], tuple[int, int]]:
+def factor_shapes(module: nn.Module, rank: int,
+                  factorization: str = "matrix") -> tuple[tuple[int, int], tuple[int, int]]:
     """Shapes of one task's (A_t, B_t) for ``module``; A_t B_t has as many entries as its weight."""
     weight = module.weight
     n, m = int(weight.shape[0]), int(weight[0].numel())
@@ -63,7 +64,8 @@ def factor_shapes(module: nn.Module, rank: int, factorization: str = "matrix") -
         c = m // (kh * kw)
         return (n * kh, rank * kh), (rank * kh, c * kh)
     if factorization not in FACTORIZATIONS:
-        raise InvalidParameterError(f"unknown adapter factorization {factorization!r}; valid: {', '.join(FACTORIZATIONS)}")
+        raise InvalidParameterError(f"unknown adapter factorization {factorization!r}; valid: "
+                                    f"{', '.join(FACTORIZATIONS)}")
     return (n, rank), (rank, m)
 
 

@@ -93,14 +93,15 @@ def select_front(history: Sequence[Mapping[str, Any]], rule: str, tasks: Sequenc
         return None
     _check_same_grid(window, "the selected epochs' fronts")
     by_split = {split: _mean_points(window, split) for split in window[-1]["splits"]}
-    record = front_record(torch.tensor(window[-1]["preferences"]), by_split, tasks, primary, specs,
-                          window[-1]["reference_point"])
+    preferences = torch.tensor(window[-1]["preferences"], dtype=torch.float64)
+    record = front_record(preferences, by_split, tasks, primary, specs, window[-1]["reference_point"])
     record["selection"] = {"rule": rule, "epochs": [e["epoch"] for e in history[-k:]]}
     return record
 
 
 def aggregate_fronts(fronts: Sequence[Mapping[str, Any]], split: str, tasks: Sequence[str],
-                     primary: Mapping[str, str], specs: Mapping[str, Mapping[str, Mapping[str, bool]]]) -> dict[str, Any]:
+                     primary: Mapping[str, str],
+                     specs: Mapping[str, Mapping[str, Mapping[str, bool]]]) -> dict[str, Any]:
     """One method's front over seeds: the point-wise mean front, its hypervolume and non-dominated
     count, and the hypervolume of every seed's own front (mean ± std)."""
     _check_same_grid(fronts, "the runs of one method")

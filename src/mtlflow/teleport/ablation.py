@@ -14,7 +14,8 @@ reused and interrupted ones resumed, so an interrupted ablation continues with t
 Per row the table reports Δm% (mean ± std over seeds, test split, the selection rule of the runs), each
 task's primary metric, teleports per run, and the telemetry averages over all teleports of the row
 (App. A.1 / Fig. 8): tasks in conflict with the mean gradient before → after, ‖g₀‖ (mean gradient)
-before → after, the largest change of a task loss on the trigger batch, σ (HTR), seconds per teleport,
+before → after, the smallest cosine of a task gradient with g₀ and (weak trigger) between two task
+gradients before → after, the largest change of a task loss on the trigger batch, σ (HTR), seconds per teleport,
 and the mean epoch time. Writes ``ablation.md``, ``ablation.json`` and ``ablation.csv``.
 """
 
@@ -175,6 +176,8 @@ def summarise_row(row: AblationRow, key: str, finals: list[dict], deltas: list[f
         "grad_norm_after": _avg([e.get("mean_grad_norm_after") for e in events]),
         "min_cosine_before": _avg([min(e["cosine_to_mean_before"].values()) for e in events]),
         "min_cosine_after": _avg([min(e["cosine_to_mean_after"].values()) for e in events if "cosine_to_mean_after" in e]),
+        "min_pairwise_before": _avg([e.get("min_pairwise_cos_before") for e in events]),
+        "min_pairwise_after": _avg([e.get("min_pairwise_cos_after") for e in events]),
         "loss_change_max_abs": _avg([e.get("loss_change_max_abs") for e in events]),
         "sigma": _avg([e["sigma"] for e in events]),
         "teleport_seconds": _avg([e["seconds"] for e in events]),
@@ -198,7 +201,7 @@ def ablation_markdown(table: Mapping[str, Any]) -> str:
     base = next(r for r in rows if r["key"] == "base")
     head = (["configuration", "Δm% ↓"] + [f"{t} {base['primary_metric'][t]}" for t in tasks]
             + ["teleports/run", "conflicting tasks before → after", "‖g₀‖ before → after", "min cos(g_i, g₀) before → after",
-               "max |ΔL_i| on trigger batch", "σ", "s/teleport", "epoch s"])
+               "min cos(g_i, g_j) before → after", "max |ΔL_i| on trigger batch", "σ", "s/teleport", "epoch s"])
     lines = [f"# COST ablation: {table['benchmark']}, base method {table['method']}", "",
              f"Seeds {table['seeds']}; Δm% against single-task LS runs (test split); component rows use the "
              f"`{table['component_trigger']}` trigger; extra COST options {table['teleport_options'] or 'none'}; "
@@ -212,6 +215,7 @@ def ablation_markdown(table: Mapping[str, Any]) -> str:
             cells += [_fmt(r["teleports_per_run"], ".1f"), _arrow(r, "conflicting_before", "conflicting_after", ".2f"),
                       _arrow(r, "grad_norm_before", "grad_norm_after", ".4f"),
                       _arrow(r, "min_cosine_before", "min_cosine_after", ".3f"),
+                      _arrow(r, "min_pairwise_before", "min_pairwise_after", ".3f"),
                       _fmt(r["loss_change_max_abs"], ".4f"), _fmt(r["sigma"], ".3f"),
                       _fmt(r["teleport_seconds"], ".2f"), _fmt(r["epoch_seconds"], ".1f")]
             lines.append("| " + " | ".join(cells) + " |")
@@ -222,7 +226,7 @@ def ablation_markdown(table: Mapping[str, Any]) -> str:
 def ablation_csv(table: Mapping[str, Any]) -> str:
     fields = ["table", "key", "run_key", "label", "delta_m", "delta_m_std", "teleports_per_run", "conflicting_before",
               "conflicting_after", "grad_norm_before", "grad_norm_after", "min_cosine_before", "min_cosine_after",
-              "loss_change_max_abs", "sigma", "teleport_seconds", "epoch_seconds"]
+              "min_pairwise_before", "min_pairwise_after", "loss_change_max_abs", "sigma", "teleport_seconds", "epoch_seconds"]
     tasks = table["tasks"]
     buf = io.StringIO()
     writer = csv.writer(buf)

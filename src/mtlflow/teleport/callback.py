@@ -22,6 +22,7 @@ base method's random stream, and a resumed run teleports exactly as an uninterru
 
 from __future__ import annotations
 
+import importlib
 import time
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
@@ -128,10 +129,11 @@ class CostTeleport(Callback):
     def _reset_epoch(self) -> None:
         self._events: list[dict[str, Any]] = []
         self._checked = self._fired = self._dominated = 0
+        self._check_seconds = 0.0
 
     # -- hooks ---------------------------------------------------------------------------------------------
     def on_train_start(self, trainer: "Trainer") -> None:
-        import peft  # noqa: F401  (imported once here, ~4 s, so that no epoch pays it)
+        importlib.import_module("peft")  # ~4 s once, here, so that no epoch pays it
 
         self._task_names = [t.name for t in trainer.tasks]
 
@@ -145,10 +147,13 @@ class CostTeleport(Callback):
             return False
         if self._epoch_step % self.resolved.check_every != 0:
             return False
+        started = time.perf_counter()
         stats = gradient_stats(state.grads, pairwise=needs_pairwise(self.resolved.trigger))
         self._checked += 1
         self._dominated += int(dominated_conflict(stats))
-        if not self.rule(stats):
+        fires = self.rule(stats)
+        self._check_seconds += time.perf_counter() - started
+        if not fires:
             return False
         self._fired += 1
         self._pending = self._teleport(trainer, state, stats)
@@ -182,6 +187,7 @@ class CostTeleport(Callback):
     def on_epoch_end(self, trainer: "Trainer", record: dict[str, Any]) -> None:
         record["cost"] = epoch_summary(self._events, self._checked, self._fired, self._dominated,
                                       self.options.as_dict(), self.resolved.as_dict())
+        record["cost"]["check_seconds"] = self._check_seconds
 
     def state_dict(self) -> dict[str, Any]:
         return {"total_teleports": self.total_teleports, "last_update": self._last_update}
