@@ -191,15 +191,22 @@ def run_method(name: str, steps: int = DEFAULT_STEPS, scale: float = 0.1, lr: fl
     except MtlflowError as exc:
         result.status, result.note = "failed", f"step {step}: {exc}"
     result.seconds = time.perf_counter() - started
+    record_outcome(result, x, scale, trace, trace_steps)
+    return result
+
+
+def record_outcome(result: ToyResult, x: Tensor, scale: float, trace: Sequence[Tensor],
+                   trace_steps: Sequence[int]) -> None:
+    """Fill ``result`` with the final points, their losses, distances to the Pareto set and
+    Pareto-stationarity, and the recorded trajectory."""
     final = x.detach()
     losses, grads = toy_gradients(final, scale)
     result.final_points = final.tolist()
     result.final_losses = losses.tolist()
     result.distances = distance_to_pareto_set(final).tolist()
     result.stationarity = pareto_stationarity(grads).tolist()
-    result.trace_steps = trace_steps
-    result.trajectory = torch.stack(trace).tolist()
-    return result
+    result.trace_steps = list(trace_steps)
+    result.trajectory = torch.stack(list(trace)).tolist()
 
 
 def _step(instances: Sequence[Method], x: Tensor, optimizer: torch.optim.Optimizer, step: int, scale: float,

@@ -25,7 +25,7 @@ from mtlflow.teleport.htr import htr_sigma
 from mtlflow.teleport.objective import TeleportProblem, balance_weights, optimise_adapter
 from mtlflow.teleport.options import CostOptions
 from mtlflow.teleport.triggers import RULES, describe, gradient_stats, needs_pairwise
-from mtlflow.toy import START_POINTS, distance_to_pareto_set, toy_losses
+from mtlflow.toy import START_POINTS, toy_losses
 
 #: toy-scale defaults of the options that depend on the model (overridable with ``--teleport-option``)
 TOY_DEFAULTS: dict[str, Any] = {"steps": 50, "lr": 0.05, "radius": 0.5, "perturbations": 4}
@@ -88,8 +88,7 @@ def run_method_with_cost(name: str, steps: int, scale: float = 0.1, lr: float = 
     a teleport moves one row, and HTR redoes that row's next Adam update with (σβ₁, σβ₂).
     """
     from mtlflow.benchmarks.toy import Toy
-    from mtlflow.toy_runner import (METHOD_LR, ToyResult, _step, pareto_stationarity, toy_gradients,
-                                    toy_values_and_gradients)
+    from mtlflow.toy_runner import METHOD_LR, ToyResult, _step, record_outcome, toy_values_and_gradients
 
     opts = toy_options(options)
     rule = RULES[opts.trigger]
@@ -146,14 +145,7 @@ def run_method_with_cost(name: str, steps: int, scale: float = 0.1, lr: float = 
             trace.append(x.detach().clone())
             trace_steps.append(step + 1)
     result.seconds = time.perf_counter() - started
-    final = x.detach()
-    losses, grads = toy_gradients(final, scale)
-    result.final_points = final.tolist()
-    result.final_losses = losses.tolist()
-    result.distances = distance_to_pareto_set(final).tolist()
-    result.stationarity = pareto_stationarity(grads).tolist()
-    result.trace_steps = trace_steps
-    result.trajectory = torch.stack(trace).tolist()
+    record_outcome(result, x, scale, trace, trace_steps)
     result.note = f"{len(teleports)} teleports"
     return result, teleports
 
