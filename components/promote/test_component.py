@@ -28,8 +28,8 @@ def test_first_model_becomes_champion_then_only_a_better_one_replaces_it(tiny_ru
     errors = {name: model_store.candidate(run.path, json.loads(Path(ev.path).read_text()))["error"]
               for name, (run, ev) in scored.items()}
     worse, better = sorted(errors, key=errors.get, reverse=True)
-    if errors[worse] == errors[better]:
-        pytest.skip("the two tiny runs score the same; no ordering to test")
+    # the tiny runs are seeded, so their scores are fixed; LS and MGDA differ on them
+    assert errors[worse] > errors[better], errors
 
     run, ev = scored[worse]
     assert compare_to_champion.python_func(run=run, evaluation=ev, model_store=str(store), min_improvement=0.0)
