@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 
-.PHONY: install demo test test-deps compile clean image image-push
+.PHONY: install demo test test-deps compile clean image image-push mutation
 
 # pip only: it is the one installer that sees the machine's local wheel cache (torch is a 5.5 GB CUDA build).
 $(STAMP): requirements.txt constraints.txt pyproject.toml
@@ -29,6 +29,14 @@ test-deps:
 	@command -v prometheus-pushgateway >/dev/null && command -v promtool >/dev/null || { \
 	  $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus-pushgateway prometheus; }
+
+# Mutation testing of methods/, teleport/, pareto/, grad_engine/ and scoring.py (README "Mutation
+# testing"): hours on one core, so it runs before resolving an issue, not in CI. It resumes where it
+# stopped (MUTATION_ARGS="--stop-after 3600" bounds one sitting) and retests only changed functions.
+MUTATION_ARGS ?=
+mutation: install
+	$(PY) -m pip install --disable-pip-version-check -q -r requirements-mutation.txt -c constraints.txt
+	$(PY) tools/mutation.py run $(MUTATION_ARGS)
 
 compile: install
 	MTLFLOW_IMAGE=$(IMAGE) $(VENV)/bin/mtlflow pipeline compile --all --out-dir build

@@ -18,8 +18,6 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import yaml
-
 from mtlflow import atomic
 from mtlflow.errors import InvalidParameterError, UnknownNameError
 
@@ -63,9 +61,7 @@ def load_params(path: str | None, overrides: Mapping[str, Any]) -> dict[str, Any
     params: dict[str, Any] = {}
     if path:
         file = Path(path)
-        if not file.is_file():
-            raise InvalidParameterError(f"parameter file not found: {file}")
-        loaded = yaml.safe_load(file.read_text()) or {}
+        loaded = atomic.read_yaml(file, "parameter file") or {}
         if not isinstance(loaded, dict):
             raise InvalidParameterError(f"{file} must hold a mapping of pipeline parameters")
         params.update(loaded)
@@ -196,6 +192,11 @@ def run_local(params: Mapping[str, Any], workdir: str | Path = "runs/pipeline", 
     if name not in LOCAL_PIPELINES:
         raise InvalidParameterError(f"pipeline {name} creates Kubernetes jobs and runs only on a cluster; "
                                     "submit it with `mtlflow pipeline submit --host URL`")
+    from mtlflow.outputs import check_output_dir
+
+    check_output_dir(workdir, "--workdir")
+    if storage_root is not None:
+        check_output_dir(storage_root, "--storage-root")
     validate_params(name, params)
     # One torch thread per task and as many concurrent tasks as cores: oversubscribed intra-op
     # threads made a 4-way parallel CPU run 3-4x slower than this.

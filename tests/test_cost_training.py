@@ -4,6 +4,7 @@ exact resume, the CLI and the pipeline/DVC plumbing."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -62,9 +63,15 @@ def test_teleport_keeps_losses_moves_the_trunk_and_applies_htr_to_the_stepped_op
     shared_ids = [id(p) for p in trainer.shared]
     state_keys = {id(p) for p in trainer.optimizer.state}
     before = torch.cat([p.detach().reshape(-1) for p in trainer.shared]).clone()
+    batch = next(batches)
+    # g′ of Eq. 12, computed independently: the gradient of the mean task loss at the pre-teleport point
+    twin = copy.deepcopy(trainer.model)
+    inputs, targets = trainer._inputs_targets(batch)
+    mean_loss = torch.stack(trainer._task_losses(twin(inputs), targets)).mean()
+    g_prime = torch.cat([g.reshape(-1) for g in torch.autograd.grad(mean_loss, twin.shared_parameters())])
     probe = MomentProbe()
     trainer.callbacks.append(probe)
-    trainer.train_step(next(batches), 2)
+    trainer.train_step(batch, 2)
     (event,) = cost._events
     after = probe.params  # after the teleport, before the optimizer step of the redone step
     # the trunk moved, by what the event reports, and the losses on the trigger batch did not
@@ -81,7 +88,10 @@ def test_teleport_keeps_losses_moves_the_trunk_and_applies_htr_to_the_stepped_op
     assert betas == pytest.approx((sigma * 0.9, sigma * 0.999)) and restored == (0.9, 0.999)
     assert torch.allclose(v1, sigma * 0.9 * v0 + (1 - sigma * 0.9) * g, atol=1e-7)
     assert torch.allclose(s1, sigma * 0.999 * s0 + (1 - sigma * 0.999) * g * g, atol=1e-9)
-    assert event["htr_applied"] and sigma == max(0.0, min(1.0, event["sigma_raw"]))
+    # Eq. 12: σ = cos(Δθ, g′), clamped to [0, 1] (a negative cosine would flip Adam's history)
+    expected = float(torch.nn.functional.cosine_similarity(after - before, g_prime, dim=0))
+    assert event["sigma_raw"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    assert event["htr_applied"] and sigma == pytest.approx(max(0.0, min(1.0, expected)), rel=1e-4, abs=1e-6)
     for key in ("reason", "conflicting_before", "conflicting_after", "cosine_to_mean_before", "cosine_to_mean_after",
                 "grad_norms_before", "grad_norms_after", "adapter_steps", "seconds"):
         assert key in event
@@ -143,7 +153,9 @@ def test_teleport_cost_wraps_every_kind_of_base_method(multimnist_small, tmp_pat
                         teleport_options={**ALWAYS, "steps": 2, "perturbations": 1})
     metrics = json.loads((tmp_path / method / "metrics.json").read_text())
     cost = metrics["epochs"][0]["cost"]
-    assert cost["teleports"] == 1 and cost["checked_steps"] == 1 and len(cost["events"]) == 1
+    # the cap stops teleports after the first, not the telemetry: both steps are checked (and trigger)
+    assert cost["teleports"] == 1 and len(cost["events"]) == 1
+    assert cost["checked_steps"] == cost["trigger_steps"] == 2 and cost["trigger_ratio"] == 1.0
     assert cost["resolved_options"]["trigger"] == "always" and "conflict_ratio" in metrics["epochs"][0]
     event = cost["events"][0]
     assert "losses_after" in event and "grad_norms_after" in event

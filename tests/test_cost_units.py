@@ -120,53 +120,80 @@ def _tiny_model() -> nn.Module:
     return MultiTaskModel(trunk, [nn.Linear(5, 1), nn.Linear(5, 1)], ["a", "b"]).double()
 
 
-@pytest.mark.parametrize("path", ["through-perturbations", "unperturbed-only"])
-def test_sharpness_gradient_reaches_the_adapter_and_matches_finite_differences(path):
-    """L_g is differentiated through the perturbed losses too (functional_call on the adapted model);
-    the gradient w.r.t. LoRA's B equals central finite differences of the same (fixed-ε) L_g."""
-    from mtlflow.teleport import adapters
+class _ToDouble(nn.Module):
+    def forward(self, x):
+        return x.double()
 
-    model = _tiny_model()
-    adapted = adapters.inject(model, model.shared_parameters(), "lora", rank=2)
-    net = adapted.model
-    lora_b = [p for n, p in net.named_parameters() if "lora_B" in n]
+
+def _double_lenet_trainer(data_dir, tmp_path, options):
+    """A COST trainer on MultiMNIST whose LeNet (with BatchNorm) runs in float64, for finite differences."""
+    from mtlflow import jobs
+    from mtlflow.benchmarks.base import MultiTaskModel
+    from mtlflow.models.lenet import LeNetTrunk, classification_head
+    from mtlflow.train import TrainConfig, Trainer
+
+    bench, data = jobs.load_prepared(data_dir)
+
+    def make_model(names=None):
+        torch.manual_seed(0)
+        names = bench.task_names if names is None else names
+        trunk = nn.Sequential(_ToDouble(), LeNetTrunk(width=4, features=16), nn.BatchNorm1d(16))
+        return MultiTaskModel(trunk, [classification_head(16, 10, hidden=8) for _ in names], list(names)).double()
+
+    bench.make_model = make_model
+    config = TrainConfig(method="fairgrad", batch_size=16, max_steps_per_epoch=1, epochs=1,
+                         hparams=jobs.resolved_hparams(bench, "fairgrad", {}), teleport="cost",
+                         teleport_options=options)
+    return Trainer(bench, data, config, tmp_path / "run", progress=False)
+
+
+@pytest.mark.parametrize("path", ["through-perturbations", "unperturbed-only"])
+def test_sharpness_gradient_reaches_the_adapter_and_matches_finite_differences(path, multimnist_small, tmp_path):
+    """CostTeleport's own teleport problem (its loss closure on the PEFT-adapted copy of the trainer's model)
+    and Eq. 11's objective (:func:`adapter_objective`, what the adapter's Adam minimises): the gradient
+    w.r.t. LoRA's B equals central finite differences of the same objective with fixed ε -- only when the
+    perturbed losses carry the adapter's gradient (the paper's L_g), not on the released code's path."""
+    from mtlflow.teleport import adapters
+    from mtlflow.teleport.callback import _Batches
+    from mtlflow.teleport.objective import adapter_objective
+
+    trainer = _double_lenet_trainer(multimnist_small, tmp_path, {"sharpness_gradient": path, "radius": 0.5,
+                                                                  "invariance_weight": 1.0, "gamma": 0.1})
+    cost = trainer.callbacks[0]
+    opts = cost.resolved
+    batch = next(iter(trainer._loader(1)))
+    adapted = adapters.inject(trainer.model, trainer.shared, opts.adapter, rank=2)
+    adapted.model.train()
+    g = torch.Generator().manual_seed(1)
+    stats = gradient_stats(torch.randn(2, 7, generator=g, dtype=torch.float64))
+    problem = cost._problem(trainer, adapted, _Batches(trainer, batch, 1, seed=0), stats)
+    lora_b = [p for n, p in adapted.model.named_parameters() if "lora_B" in n]
     with torch.no_grad():
         for p in lora_b:
-            p.normal_(0, 0.3)  # away from B = 0, where the gradient w.r.t. A would vanish
-    params = dict(net.named_parameters())
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(16, 4, generator=g, dtype=torch.float64)
-    y = torch.randn(16, 2, generator=g, dtype=torch.float64)
-    shapes = {n: params[n].shape for n in adapted.shared_names}
-    eps = [sample_perturbation(shapes, 0.5, "sphere", g, torch.float64, torch.device("cpu")) for _ in range(3)]
-    r = torch.tensor([1.3, 0.7], dtype=torch.float64)
+            p.normal_(0, 0.3, generator=g)  # away from B = 0, where L_t's |.| has its kink
+    eps = [sample_perturbation(problem.perturbation_shapes, 0.5, "sphere", g, torch.float64, torch.device("cpu"))
+           for _ in range(3)]
 
-    def losses(perturbation=None):
-        out = net(x) if perturbation is None else torch.func.functional_call(
-            net, {n: params[n] + perturbation[n] for n in perturbation}, (x,))
-        return torch.stack([((o.squeeze(-1) - y[:, i]) ** 2).mean() for i, o in enumerate(out)])
+    def objective() -> torch.Tensor:
+        return adapter_objective(problem, opts, 0, eps)[0]
 
-    def l_g():
-        perturbed = torch.stack([losses(e) for e in eps])
-        if path == "unperturbed-only":
-            perturbed = perturbed.detach()
-        return sharpness_loss(losses(), perturbed, r, "max-of-mean", 0.5)
-
-    target = lora_b[0]
-    (grad,) = torch.autograd.grad(l_g(), target)
-    assert grad.abs().max() > 1e-6
+    target = lora_b[-1]
+    (grad,) = torch.autograd.grad(objective(), target)
     direction = torch.randn(target.shape, generator=g, dtype=torch.float64)
+    analytic = float((grad * direction).sum())
     h = 1e-6
     with torch.no_grad():
         target.add_(h * direction)
-        up = float(l_g())
+        up = float(objective())
         target.sub_(2 * h * direction)
-        down = float(l_g())
+        down = float(objective())
         target.add_(h * direction)
+    numeric = (up - down) / (2 * h)
+    assert abs(numeric) > 1e-6
     if path == "through-perturbations":
-        assert math.isclose((up - down) / (2 * h), float((grad * direction).sum()), rel_tol=1e-5, abs_tol=1e-9)
+        assert math.isclose(numeric, analytic, rel_tol=1e-5, abs_tol=1e-9)
     else:  # the released code's path: only the unperturbed term carries a gradient, so it is not L_g's
-        assert not math.isclose((up - down) / (2 * h), float((grad * direction).sum()), rel_tol=1e-3)
+        assert not math.isclose(numeric, analytic, rel_tol=1e-3)
 
 
 # -- HTR -----------------------------------------------------------------------------------------------------

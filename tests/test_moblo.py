@@ -158,3 +158,27 @@ def test_task_weights_stay_on_the_simplex_and_move(name: str, multimnist_small: 
     assert float(alpha.sum()) == pytest.approx(1.0)
     assert not torch.allclose(alpha, torch.full_like(alpha, 0.5))      # the upper level moved
     assert state["upper_sampler"]["position"] > 0 and state["inner_sampler"]["position"] > 0
+
+
+@pytest.mark.parametrize("optimizer,expected", [("sgd", [0.4, 0.6]), ("adam", [0.4, 0.6])])
+def test_upper_step_moves_the_task_weights_against_the_hypergradient(optimizer: str, expected: list) -> None:
+    """BilevelState.step_upper is a descent step: from α = (½, ½), the gradient (1, −1) and step 0.1 give
+    α = Π_Δ(α − 0.1·(1, −1)) = (0.4, 0.6) with SGD, and the same first step with Adam (lr·g/|g|)."""
+    from mtlflow.methods._moblo import BilevelState, TaskWeights, build_outer_optimizer
+
+    state = BilevelState("moml")
+    state.upper = TaskWeights(2, "projection", torch.device("cpu"))
+    state.optimizer = build_outer_optimizer({"outer_optimizer": optimizer, "outer_lr": 0.1}, state.upper.variable)
+    state.step_upper(torch.tensor([1.0, -1.0], dtype=torch.float64))
+    np.testing.assert_allclose(state.upper.variable.detach().numpy(), expected, atol=1e-7)
+
+
+def test_forum_lower_level_step_follows_the_thesis_per_benchmark() -> None:
+    """Thesis §3.5: LL step η = 0.01 on QM9, 0.1 on Office-31 / NYUv2 (the method's default)."""
+    from mtlflow import benchmarks
+
+    qm9 = {**methods.build("forum", 11).hp, **benchmarks.build("qm9").method_defaults("forum")}
+    assert qm9["inner_lr"] == 0.01 and qm9["inner_steps"] == 5 and qm9["rho"] == 0.1
+    for name in ("nyuv2", "office31"):
+        hp = {**methods.build("forum", 3).hp, **benchmarks.build(name).method_defaults("forum")}
+        assert hp["inner_lr"] == 0.1, name

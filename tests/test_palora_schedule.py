@@ -93,3 +93,47 @@ def test_dirichlet_variants_are_seeded_resumable_and_anneal_to_the_vertices():
     # concentration p(1 − τ) → MIN_CONCENTRATION: the draws collapse onto the vertices
     assert float(late.max(dim=1).values.min()) > 0.99 > float(early.max(dim=1).values.min())
     assert MIN_CONCENTRATION > 0
+
+
+def _distinct(rays: torch.Tensor) -> int:
+    return len({tuple(round(float(v), 9) for v in r) for r in rays})
+
+
+def test_three_task_rays_leave_the_centre_gradually_and_stay_distinct():
+    # Fig. 11 (3 tasks, M = 10): every ray starts at the centre and its distance to it grows in
+    # proportion to τ until it reaches its grid point; no two rays coincide once training has started
+    sched = PreferenceSchedule("annealed", 3, 10)
+    grid = simplex_grid(3, 3)
+    centre = torch.full((3,), 1 / 3, dtype=torch.float64)
+    final = (grid - centre).norm(dim=1)
+    for tau in torch.linspace(0, 1, 41).tolist():
+        rays = sched.rays(tau)
+        assert torch.allclose((rays - centre).norm(dim=1), tau * final, atol=1e-12)
+        assert _distinct(rays) == (1 if tau == 0 else 10)
+    assert torch.allclose(sched.rays(1.0), grid)
+
+
+def test_literal_eq3_schedule_puts_edge_rays_on_the_boundary_at_the_first_step():
+    # the audit's finding, kept as the `annealed-eq3` option: just after τ = 0 the 9 rays with a zero
+    # component already lie on the simplex's boundary (0^{τ/Q} = 0) and the 6 edge rays collapse in
+    # pairs onto the edge midpoints, leaving 7 distinct rays (within 0.01) instead of 10
+    rays = PreferenceSchedule("annealed-eq3", 3, 10).rays(0.01)
+    assert int((rays == 0).any(dim=1).sum()) == 9
+    clusters: list[torch.Tensor] = []
+    for r in rays:
+        if not any(float((r - c).abs().max()) < 0.01 for c in clusters):
+            clusters.append(r)
+    assert len(clusters) == 7
+    assert (PreferenceSchedule("annealed", 3, 10).rays(0.01) == 0).any(dim=1).sum() == 0
+
+
+def test_palora_checkpoint_keeps_the_schedule_horizon():
+    from mtlflow.methods.palora import PaLoRA
+
+    method = PaLoRA(2)
+    method.total_steps = 120
+    resumed = PaLoRA(2)
+    resumed.total_steps = 240          # what setup() computes for a resume with twice the epochs
+    resumed.load_state_dict(method.state_dict())
+    assert resumed.total_steps == 120
+    assert resumed.progress(60) == method.progress(60) == pytest.approx(60 / 119)

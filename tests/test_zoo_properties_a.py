@@ -196,7 +196,7 @@ def test_dwa_iteration_window_variant_and_state_roundtrip() -> None:
     dwa = methods.build("dwa", k, window="iterations", iteration_window=window, temperature=1.0)
     for t, losses in enumerate(stream):
         dwa.objective(losses)
-        if t < 2 * window:           # equal weights until two full windows were seen
+        if t < 2 * window - 1:       # equal weights until two full windows (this step's included) were seen
             torch.testing.assert_close(dwa.last_weights, torch.ones(k))
         if t == 7:
             clone = roundtrip(dwa)

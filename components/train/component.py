@@ -54,7 +54,7 @@ def train(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, train_option
                             expected_hash=content_hash, resume=bool(checkpoint_root), progress=False,
                             callbacks=callbacks, **train_options)
     if work_dir != Path(run.path):
-        shutil.copytree(work_dir, run.path, ignore=shutil.ignore_patterns("checkpoint.pt"), dirs_exist_ok=True)
+        shutil.copytree(work_dir, run.path, ignore=shutil.ignore_patterns("checkpoint.pt", ".mtlflow.lock"), dirs_exist_ok=True)
     shutil.copyfile(f"{run.path}/model.pt", model.path)
     label = jobs.run_label(jobs.read_run(run.path)["run"])
     for artifact in (run, model):

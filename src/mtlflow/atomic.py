@@ -90,9 +90,8 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         os.chmod(tmp, 0o755)
         if target.exists():
-            old = target.with_name(f".{target.name}.old")
-            if old.exists():
-                shutil.rmtree(old)
+            # a unique ``.tmp`` name: if this process dies mid-swap, the next writer's clean-up finds it
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", suffix=".tmp", dir=target.parent))
             os.replace(target, old)
             os.replace(tmp, target)
             shutil.rmtree(old)
@@ -116,3 +115,31 @@ def read_json(path: str | os.PathLike, what: str = "file") -> Any:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"{what} {path} is corrupt ({exc.msg if hasattr(exc, 'msg') else exc}); "
                         f"delete it and re-create it") from None
+
+
+def read_yaml(path: str | os.PathLike, what: str = "YAML file") -> Any:
+    """Read a YAML parameter file; every problem is one :class:`InvalidParameterError` line, a syntax
+    error as ``FILE:LINE:COL: message`` (the position editors and CI annotations jump to)."""
+    import yaml
+
+    from mtlflow.errors import InvalidParameterError
+
+    path = Path(path)
+    if path.is_dir():
+        raise InvalidParameterError(f"{what} {path} is a directory; give the YAML file inside it")
+    if not path.is_file():
+        raise InvalidParameterError(f"{what} not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidParameterError(f"{what} {path} cannot be read ({exc}); give a UTF-8 YAML file") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or type(exc).__name__
+        opened, context = getattr(exc, "context_mark", None), getattr(exc, "context", None)
+        if opened is not None and context and opened is not mark:  # e.g. where an unclosed [ was opened
+            problem += f", {context} at line {opened.line + 1}, column {opened.column + 1}"
+        raise InvalidParameterError(f"{where}: {problem} (YAML syntax error in {what})") from None

@@ -1,8 +1,9 @@
 """The ``mtlflow`` command line.
 
 Errors in user input end with one line ``mtlflow: error: ...`` on stderr and a non-zero exit code
-(2 for unknown names and invalid parameters, 3 for missing or corrupt data, 4 for NaN losses,
-5 for solver failures).
+(2 for unknown names, invalid parameters and unusable output paths, 3 for missing or corrupt data,
+4 for NaN or infinite values, 5 for solver failures, 6 for an output directory another mtlflow
+process is writing, 130 for Ctrl-C, 143 for SIGTERM); README "Bad input" lists them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +21,8 @@ from typing import Any, Sequence
 
 import yaml
 
-from mtlflow.errors import InvalidParameterError, MtlflowError
+from mtlflow.errors import InvalidParameterError, MtlflowError, Terminated
+from mtlflow.seeding import seed_arg
 
 
 def parse_value(raw: str) -> Any:
@@ -54,7 +57,9 @@ def _csv(value: str | None) -> list[str] | None:
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("MTLFLOW_CACHE", Path.home() / ".cache" / "mtlflow"))
+    from mtlflow.outputs import check_output_dir
+
+    return check_output_dir(os.environ.get("MTLFLOW_CACHE", Path.home() / ".cache" / "mtlflow"), "$MTLFLOW_CACHE")
 
 
 def cached_data_dir(benchmark: str, config: dict[str, Any]) -> Path:
@@ -67,12 +72,13 @@ def cached_data_dir(benchmark: str, config: dict[str, Any]) -> Path:
     path = default_cache_dir() / "data" / f"{benchmark}-{key}"
     from mtlflow.distributed import file_lock
 
-    with file_lock(path.with_name(f".{path.name}.lock")):  # torchrun's processes: one prepares, the others reuse
+    # torchrun's processes wait here: one prepares, the others reuse (prepare takes its own lock inside)
+    with file_lock(path.with_name(f".{path.name}.wait.lock")):
         try:
             jobs.load_prepared(path)
         except DataError:
             print(f"preparing {benchmark} data into {path}", file=sys.stderr)
-            jobs.prepare(benchmark, path, **config)
+            jobs.prepare(benchmark, path, overwrite=True, **config)
     return path
 
 
@@ -138,16 +144,37 @@ def _bench_config(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_prepare(args: argparse.Namespace) -> int:
     from mtlflow import jobs
 
-    manifest = jobs.prepare(args.benchmark, args.out, **_bench_config(args))
+    manifest = jobs.prepare(args.benchmark, args.out, overwrite=args.overwrite, **_bench_config(args))
     print(json.dumps({"out": args.out, "content_hash": manifest["content_hash"]}))
     return 0
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from mtlflow import benchmarks, jobs, methods
-
+def _check_data_source(args: argparse.Namespace) -> None:
+    """``--data DIR`` or ``--benchmark NAME`` (+ preparation options), never a silent mix of both."""
     if args.data is None and args.benchmark is None:
         raise InvalidParameterError("give --benchmark NAME (data prepared into the cache) or --data DIR")
+    if args.data is None:
+        return
+    if not args.data.strip():
+        raise InvalidParameterError("--data is empty; give a prepared data directory (from `mtlflow prepare`)")
+    from mtlflow.benchmarks.base import read_manifest
+
+    prepared = read_manifest(args.data)
+    if args.benchmark is not None and args.benchmark != prepared.get("benchmark"):
+        raise InvalidParameterError(f"--benchmark {args.benchmark} disagrees with --data {args.data}, which holds "
+                                    f"{prepared.get('benchmark')!r} data; give only one of them")
+    given = [flag for flag, value in (("--option", args.option), ("--mnist-dir", args.mnist_dir),
+                                      ("--data-dir", args.data_dir)) if value]
+    if given:
+        raise InvalidParameterError(f"{', '.join(given)} only apply when data is prepared (--benchmark); "
+                                    f"--data {args.data} is already prepared, so drop {' and '.join(given)}")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from mtlflow import benchmarks, jobs, methods
+    from mtlflow.outputs import check_output_dir, stale_run_files
+
+    _check_data_source(args)
     hparams = parse_assignments(args.hp, "--hp")
     overrides = dict(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
                      weight_decay=args.weight_decay, momentum=args.momentum, method_lr=args.method_lr, clip_grad_norm=args.clip_grad_norm,
@@ -159,19 +186,24 @@ def cmd_train(args: argparse.Namespace) -> int:
                      teleport_options=parse_assignments(args.teleport_option, "--teleport-option") or None)
     if args.dry_run:
         return _dry_run(args, hparams, overrides)
-    if not args.out:
+    if args.out is None:
         raise InvalidParameterError("give --out DIR, the run directory")
-    if args.benchmark is not None:
+    from mtlflow import distributed
+
+    check_output_dir(args.out, "--out")
+    if distributed.is_main_process():  # under torchrun rank 0 owns the run directory (see jobs.train)
+        stale_run_files(args.out, args.resume, args.overwrite)
+    if args.data is None:
         # reject bad input before preparing any data
+        default_cache_dir()
         bench = benchmarks.build(args.benchmark, **_bench_config(args))
-        selected = bench.select_tasks(_csv(args.tasks))
+        selected = bench.select_tasks(jobs.parse_tasks(args.tasks, bench.task_names))
         methods.build(args.method, len(selected), **jobs.resolved_hparams(bench, args.method, hparams))
         jobs.train_config(bench.train_defaults, method=args.method, **overrides)
         if args.teleport:
             from mtlflow.teleport import check_benchmark
 
             check_benchmark(bench, [t.name for t in selected], args.teleport, overrides["teleport_options"])
-    from mtlflow import distributed
     from mtlflow.observability import resolve_pushgateway, training_exporters
 
     gateway = resolve_pushgateway(args.pushgateway)  # a malformed address is rejected before any data work
@@ -181,8 +213,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     main_rank = distributed.is_main_process()  # under torchrun only rank 0 exports and prints
     with (training_exporters(gateway, args.metrics_port) if main_rank else contextlib.nullcontext([])) as callbacks:
         result = jobs.train(data_dir, args.out, method=args.method, seed=args.seed, hparams=hparams,
-                            tasks=_csv(args.tasks), resume=args.resume, progress=not args.no_progress,
-                            callbacks=callbacks, **overrides)
+                            tasks=args.tasks, resume=args.resume, overwrite=args.overwrite,
+                            progress=not args.no_progress, callbacks=callbacks, **overrides)
     final = result["final"]["test"]
     if main_rank:
         print(json.dumps({"run_dir": args.out, "test": final}))
@@ -195,7 +227,7 @@ def _dry_run(args: argparse.Namespace, hparams: dict[str, Any], overrides: dict[
     from mtlflow.benchmarks.base import read_manifest
     from mtlflow.dryrun import describe_run, format_description
 
-    data_dir = Path(args.data) if args.data else None
+    data_dir = Path(args.data) if args.data is not None else None
     if data_dir is not None:
         manifest = read_manifest(data_dir)
         bench = benchmarks.build(manifest["benchmark"], **manifest.get("config", {}))
@@ -206,7 +238,7 @@ def _dry_run(args: argparse.Namespace, hparams: dict[str, Any], overrides: dict[
         data_dir = cached if (cached / "manifest.json").is_file() else None
     resolved = jobs.resolved_hparams(bench, args.method, hparams)
     config = jobs.train_config(bench.train_defaults, method=args.method, seed=args.seed, hparams=resolved,
-                               tasks=_csv(args.tasks), **overrides)
+                               tasks=jobs.parse_tasks(args.tasks, bench.task_names), **overrides)
     info = describe_run(bench, config, resolved, data_dir)
     print(format_description(info))
     print(json.dumps(info, indent=2, default=str))
@@ -239,7 +271,11 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from mtlflow.jobs import check_run_consistent
     from mtlflow.observability.run_report import render_report
+
+    if (Path(args.path) / "run.json").is_file():  # a failed run has a report too, a mixed directory not
+        check_run_consistent(Path(args.path), require_completed=False)
 
     print(f"report: {render_report(args.path, args.out)}")
     return 0
@@ -358,11 +394,21 @@ def _int_list(value: str, flag: str) -> list[int]:
         raise InvalidParameterError(f"{flag} must be a comma-separated list of integers, got {value!r}") from None
 
 
+def _seed_list(value: str) -> list[int]:
+    """``--seeds 0,1,2``: distinct seeds, each of the one seed type (:func:`mtlflow.seeding.check_seed`)."""
+    from mtlflow.seeding import check_seed
+
+    seeds = [check_seed(s, "every --seeds entry") for s in _int_list(value, "--seeds")]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise InvalidParameterError(f"--seeds must list distinct seeds, got {value!r}")
+    return seeds
+
+
 def cmd_asmg_synthetic(args: argparse.Namespace) -> int:
     from mtlflow.blackbox.experiments import run_synthetic
 
     summary = run_synthetic(args.out, problems=_csv(args.problems) or [], sample_sizes=_int_list(args.n, "--n"),
-                            seeds=_int_list(args.seeds, "--seeds"), methods=_csv(args.methods) or [],
+                            seeds=_seed_list(args.seeds), methods=_csv(args.methods) or [],
                             dim=args.dim, iterations=args.iterations, beta=args.beta, update=args.update,
                             target=args.target, stop_at=args.stop_at, progress=not args.no_progress)
     print((Path(args.out) / "results.md").read_text(), end="")
@@ -382,8 +428,9 @@ def cmd_hypercleaning(args: argparse.Namespace) -> int:
         for target in targets:
             per_row.setdefault(target, {})[name if dot else key] = value
     table_hparams(rows, per_row)  # reject bad input before any data is prepared
+    seeds = _seed_list(args.seeds)
     data_dir = Path(args.data) if args.data else cached_data_dir("hypercleaning", _bench_config(args))
-    run_table(data_dir, args.out, methods=rows, seeds=_int_list(args.seeds, "--seeds"), epochs=args.epochs,
+    run_table(data_dir, args.out, methods=rows, seeds=seeds, epochs=args.epochs,
               hparams=per_row, progress=not args.no_progress)
     print((Path(args.out) / "table.md").read_text(), end="")
     return 0
@@ -405,7 +452,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     train_options = {k: v for k, v in dict(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                                             max_steps_per_epoch=args.max_steps_per_epoch, device=args.device,
                                             select=args.select).items() if v is not None}
-    seeds = _int_list(args.seeds, "--seeds")
+    seeds = _seed_list(args.seeds)
     if args.benchmark is not None:  # reject bad input before preparing any data
         bench = benchmarks.build(args.benchmark, **_bench_config(args))
         methods.build(args.method, len(bench.task_names), **jobs.resolved_hparams(bench, args.method, hparams))
@@ -459,8 +506,15 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 # -- parser ----------------------------------------------------------------------------------
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse errors as one ``mtlflow: error:`` line (like every other error), not a usage block."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"mtlflow: error: {self.prog}: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mtlflow", description="Multi-task learning optimisation: "
+    parser = _OneLineParser(prog="mtlflow", description="Multi-task learning optimisation: "
                                      "methods, benchmarks, training, evaluation and Kubeflow pipelines.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -484,7 +538,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prepare", help="build a benchmark's data into a directory with a content hash")
     p.add_argument("--benchmark", required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="new or empty directory (a prepared dataset is replaced only "
+                   "with --overwrite; other content is never deleted)")
+    p.add_argument("--overwrite", action="store_true", help="replace the prepared dataset already in --out")
     data_options(p)
     p.set_defaults(func=cmd_prepare)
 
@@ -496,7 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hp", action="append", metavar="KEY=VALUE", help="method hyper-parameter (repeatable)")
     p.add_argument("--tasks", help="comma-separated subset of tasks (one task = single-task reference)")
     p.add_argument("--epochs", type=int)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--optimizer", help="adam (default), adamw or sgd")
@@ -514,6 +570,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "shared 'representation' (MGDA-UB's bound)")
     p.add_argument("--out", help="run directory (required unless --dry-run)")
     p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace the run already in --out (its result files "
+                   "are deleted before training starts)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--amp", choices=["none", "bf16"], help="bf16: forward pass under torch.autocast in bfloat16")
     p.add_argument("--num-workers", type=int, help="DataLoader worker processes (default 0)")
@@ -618,7 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=35_000, help="Adam steps (35000 = Nash-MTL; FAMO uses 50000)")
     p.add_argument("--scale", type=float, default=0.1, help="multiplier of objective 1 (1.0 = CAGrad's original)")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (1e-3 as the reference scripts)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the methods' random generators (RLW, PCGrad)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="seed of the methods' random generators (RLW, PCGrad)")
     p.add_argument("--hp", action="append", metavar="METHOD.NAME=VALUE", help="method hyper-parameter (repeatable)")
     p.add_argument("--jobs", type=int, default=1, help="methods run in parallel worker processes (1 thread each)")
     p.add_argument("--out", required=True, help="output directory (toy.json, toy.md, toy.png)")
@@ -677,7 +735,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("stage", choices=["prepare", "train", "reference", "evaluate", "aggregate", "experiment"])
     p.add_argument("--method")
     p.add_argument("--task")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--params", default="params.yaml")
     p.set_defaults(func=cmd_stage)
 
@@ -737,18 +795,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated(signal.Signals(signum).name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `train --nproc N` relaunches itself under torchrun
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)  # eviction/preemption: unwind like Ctrl-C
     try:
         return int(args.func(args) or 0)
     except MtlflowError as exc:
         print(f"mtlflow: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Terminated as exc:
+        print(f"mtlflow: terminated by {exc}; checkpoints are intact, resume with the same command and --resume",
+              file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print("mtlflow: interrupted; resume with the same command and --resume", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -200,8 +200,11 @@ class Distributed:
         return losses
 
     def representation_gramian(self, rows: Tensor) -> Tensor:
-        """Gramian of the per-task gradients w.r.t. the shared features (rows ``[K, numel(z)]``)."""
-        return rows @ rows.T
+        """Gramian of the per-task gradients w.r.t. the shared features (rows ``[K, numel(z)]``), in float64
+        (:mod:`mtlflow.methods._numerics`: a low-precision Gramian is not PSD to working precision)."""
+        from mtlflow.methods._numerics import gramian_float64
+
+        return gramian_float64(rows)
 
     def average_gradients(self, params: Sequence[Tensor], gradient_mode: str) -> None:
         """Average the ``.grad`` that this rank's own backward passes wrote."""
@@ -304,7 +307,9 @@ class TorchrunGroup(Distributed):
             p.grad = grad
 
     def representation_gramian(self, rows: Tensor) -> Tensor:
-        gramian = (rows @ rows.T).contiguous()
+        from mtlflow.methods._numerics import gramian_float64
+
+        gramian = gramian_float64(rows).contiguous()
         self._dist().all_reduce(gramian)
         return gramian / self.world_size ** 2
 

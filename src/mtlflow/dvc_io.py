@@ -152,6 +152,47 @@ def _dvc_failure(action: str, remote_url: str, exc: Exception) -> DataError:
                      "its credentials (the mtlflow-dvc-remote Secret on the cluster)")
 
 
+def _local_remote_dir(remote_url: str) -> Path | None:
+    """The directory of a local (path or ``file://``) remote; None for object stores."""
+    if remote_url.startswith("file://"):
+        return Path(remote_url[len("file://"):])
+    return None if re.match(r"^[a-z][a-z0-9+.-]*://", remote_url) else Path(remote_url)
+
+
+@contextlib.contextmanager
+def _push_lock(remote_dir: Path | None) -> Iterator[None]:
+    """mtlflow's pushes to one local remote take turns, so a push's clean-up never meets another's
+    transfer in progress."""
+    if remote_dir is None:
+        yield
+        return
+    from mtlflow.distributed import file_lock
+
+    with file_lock(remote_dir / ".mtlflow-push.lock"):
+        yield
+
+
+def remove_transfer_leftovers(remote_dir: str | os.PathLike) -> list[Path]:
+    """Delete the ``files/md5/.<random>.tmp`` files that ``dvc add --to-remote`` leaves in a local
+    remote (full copies of every transferred file, a known DVC bug): each is deleted only if the object
+    it copies -- same md5 -- is stored, so nothing the remote needs is lost."""
+    import hashlib
+
+    removed = []
+    objects = Path(remote_dir) / "files" / "md5"
+    for tmp in objects.glob(".*.tmp") if objects.is_dir() else []:
+        digest = hashlib.md5()
+        with open(tmp, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        h = digest.hexdigest()
+        stored = [objects / h[:2] / name for name in (h[2:], h[2:] + ".dir")]
+        if any(p.is_file() and p.stat().st_size == tmp.stat().st_size for p in stored):
+            tmp.unlink()
+            removed.append(tmp)
+    return removed
+
+
 def push_dataset(data_dir: str | os.PathLike, remote_url: str) -> dict[str, Any]:
     """Upload ``data_dir`` to the remote (``dvc add --to-remote``); returns its data version.
 
@@ -160,13 +201,16 @@ def push_dataset(data_dir: str | os.PathLike, remote_url: str) -> dict[str, Any]
     data_dir = Path(data_dir).resolve()
     if not data_dir.is_dir():
         raise DataError(f"data directory not found: expected {data_dir}")
-    with _workspace(remote_url) as (repo, root):
+    local = _local_remote_dir(remote_url)
+    with _push_lock(local), _workspace(remote_url) as (repo, root):
         try:
             with _quiet_dvc():
                 repo.add(str(data_dir), to_remote=True, out=str(root / "data"), remote=REMOTE_NAME)
         except Exception as exc:  # DVC raises many unrelated types; report them as one data error
             raise _dvc_failure("push", remote_url, exc) from None
         out = yaml.safe_load((root / "data.dvc").read_text())["outs"][0]
+        if local is not None:
+            remove_transfer_leftovers(local)
     return {"dvc_hash": out["md5"], "dvc_remote": remote_url, "size": out.get("size"), "nfiles": out.get("nfiles")}
 
 
@@ -177,8 +221,10 @@ def pull_dataset(dvc_hash: str, remote_url: str, out_dir: str | os.PathLike,
     ``cache_dir`` (e.g. on a PVC) keeps fetched objects between pulls; without it a temporary cache
     is used. ``out_dir`` appears only once the complete, verified version is there.
     """
+    from mtlflow.outputs import check_output_dir
+
     check_dir_hash(dvc_hash)
-    out_dir = Path(out_dir).resolve()
+    out_dir = check_output_dir(out_dir, "--out").resolve()
     if out_dir.exists() and any(out_dir.iterdir()):
         raise DataError(f"{out_dir} is not empty; pull a data version into a new directory")
     with _workspace(remote_url, cache_dir, parent=out_dir.parent) as (repo, root):

@@ -31,6 +31,12 @@ class InvalidParameterError(UsageError):
     """A hyper-parameter or configuration value outside its allowed range."""
 
 
+class OutputInUseError(MtlflowError):
+    """An output directory is locked by another running mtlflow process (exit code 6)."""
+
+    exit_code = 6
+
+
 class DataError(MtlflowError):
     """Missing, corrupt or mismatched data (exit code 3)."""
 
@@ -47,3 +53,16 @@ class SolverError(MtlflowError):
     """A numerical solver is missing or did not converge (exit code 5)."""
 
     exit_code = 5
+
+
+class NonFiniteValueError(NonFiniteLossError, SolverError):
+    """A NaN or infinite value reached a solver: the run diverged (e.g. the Gramian of finite gradients
+    overflowed), so it exits 4 like a NaN loss; it is still a SolverError for code that catches those."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a Kubernetes eviction or preemption) raised in the main thread, so that it unwinds the
+    same way as Ctrl-C: atomic writes are abandoned, ``run.json`` records "interrupted" and the last
+    checkpoint stays intact. The CLI exits with 143 (128 + SIGTERM), like a shell."""
+
+    exit_code = 143

@@ -17,10 +17,18 @@ from mtlflow.errors import DataError, InvalidParameterError
 from mtlflow.train import TrainConfig, Trainer, load_model
 
 
-def prepare(benchmark: str, out_dir: str | Path, **config: Any) -> dict[str, Any]:
-    """Build ``benchmark``'s data into ``out_dir``; returns the manifest (with ``content_hash``)."""
+def prepare(benchmark: str, out_dir: str | Path, overwrite: bool = False, **config: Any) -> dict[str, Any]:
+    """Build ``benchmark``'s data into ``out_dir``; returns the manifest (with ``content_hash``).
+
+    An existing prepared dataset in ``out_dir`` is replaced only with ``overwrite``; any other
+    non-empty directory is refused (see :func:`mtlflow.outputs.dataset_dir_guard`).
+    """
+    from mtlflow.outputs import check_output_dir, dataset_dir_guard
+
+    check_output_dir(out_dir, "--out")
     bench = benchmarks.build(benchmark, **config)
-    return bench.prepare(out_dir)
+    with dataset_dir_guard(out_dir, overwrite=overwrite):
+        return bench.prepare(out_dir)
 
 
 def load_prepared(data_dir: str | Path, verify: bool = True, expected_hash: str | None = None):
@@ -45,6 +53,8 @@ def train_config(bench_defaults: Mapping[str, Any], **overrides: Any) -> TrainCo
     if unknown:
         raise InvalidParameterError(f"unknown training option(s): {', '.join(unknown)}")
     values = {k: v for k, v in bench_defaults.items() if k in fields}
+    # a method's own recipe on this benchmark (e.g. LDC-MTL's Table 5 step sizes), still below the user's
+    values.update(bench_defaults.get("per_method", {}).get(overrides.get("method"), {}))
     values.update({k: v for k, v in overrides.items() if v is not None})
     config = TrainConfig(**values)
     config.validate()
@@ -54,25 +64,58 @@ def train_config(bench_defaults: Mapping[str, Any], **overrides: Any) -> TrainCo
 def train(data_dir: str | Path, out_dir: str | Path, method: str = "ls", seed: int = 0,
           hparams: Mapping[str, Any] | None = None, tasks: Sequence[str] | None = None,
           resume: bool = False, progress: bool = True, expected_hash: str | None = None,
-          callbacks: Sequence[Callback] = (), **overrides: Any) -> dict[str, Any]:
+          callbacks: Sequence[Callback] = (), overwrite: bool = False, **overrides: Any) -> dict[str, Any]:
     """Train ``method`` on prepared data; writes the run directory ``out_dir``.
 
-    Hyper-parameters and options are validated before any data is loaded or model built.
-    ``callbacks`` extend the trainer (e.g. :class:`mtlflow.observability.PrometheusExporter`).
+    Hyper-parameters, options and the output path are validated before any data is loaded or model
+    built. An ``out_dir`` that already holds a run needs ``resume`` (continue from its checkpoint) or
+    ``overwrite`` (its result files are deleted first); the directory is locked while training
+    (:func:`mtlflow.outputs.run_dir_guard`). ``callbacks`` extend the trainer (e.g.
+    :class:`mtlflow.observability.PrometheusExporter`).
     """
-    from mtlflow import methods
+    from mtlflow import distributed, methods
+    from mtlflow.outputs import check_output_dir, run_dir_guard, stale_run_files
+    from mtlflow.seeding import check_seed
 
+    main_process = distributed.is_main_process()  # only rank 0 of a torchrun job claims and writes out_dir
+    check_output_dir(out_dir, "--out")
+    if main_process:
+        stale_run_files(out_dir, resume, overwrite)  # refuse to touch an existing result before any work
+    check_seed(seed)
     manifest = read_manifest(data_dir)
     bench = benchmarks.build(manifest["benchmark"], **manifest.get("config", {}))
-    selected = bench.select_tasks(list(tasks) if tasks else None)
+    task_names = parse_tasks(tasks, bench.task_names)
+    selected = bench.select_tasks(task_names)
     hparams = resolved_hparams(bench, method, hparams)
     methods.build(method, len(selected), **hparams)  # validate early, before loading data
     config = train_config(bench.train_defaults, method=method, seed=seed, hparams=hparams,
-                          tasks=list(tasks) if tasks else None, **overrides)
+                          tasks=task_names, **overrides)
     _, data = load_prepared(data_dir, expected_hash=expected_hash)
-    trainer = Trainer(bench, data, config, out_dir, progress=progress, callbacks=callbacks)
-    result = trainer.fit(resume=resume)
+    with run_dir_guard(out_dir, resume=resume, overwrite=overwrite, main_process=main_process):
+        trainer = Trainer(bench, data, config, out_dir, progress=progress, callbacks=callbacks)
+        result = trainer.fit(resume=resume)
     return {"run_dir": str(out_dir), **result}
+
+
+def parse_tasks(tasks: str | Sequence[str] | None, valid: Sequence[str]) -> list[str] | None:
+    """The task subset of a run: ``None`` (every task) or a list of distinct, known task names.
+
+    Accepts the CLI's comma-separated string or a list. An empty selection (``''``, ``','``, ``[]``)
+    is an error rather than "all tasks", and a repeated task would build two heads for one target.
+    """
+    if tasks is None:
+        return None
+    names = [t.strip() for t in tasks.split(",")] if isinstance(tasks, str) else list(tasks)
+    if not names or any(not isinstance(n, str) or not n for n in names):
+        raise InvalidParameterError(f"--tasks {tasks!r} names an empty task; give comma-separated task names "
+                                    f"from: {', '.join(valid)} (or leave --tasks out for all)")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise InvalidParameterError(f"--tasks names {', '.join(repeated)} more than once; give each task once")
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise InvalidParameterError(f"unknown task(s) {', '.join(unknown)}; valid tasks: {', '.join(valid)}")
+    return names
 
 
 def evaluate(run_dir: str | Path, data_dir: str | Path, split: str = "test",
@@ -85,6 +128,9 @@ def evaluate(run_dir: str | Path, data_dir: str | Path, split: str = "test",
     from mtlflow.evaluation import evaluate_model
 
     run_dir = Path(run_dir)
+    if (run_dir / "run.json").exists() or (run_dir / "metrics.json").exists():
+        check_run_consistent(run_dir)
+    # else a bare model.pt exported by `mtlflow palora merge`: no run to be consistent with
     bench, model, blob = load_model(run_dir / "model.pt")
     _, data = load_prepared(data_dir)
     if data.content_hash != blob["data_hash"]:
@@ -108,6 +154,34 @@ def evaluate(run_dir: str | Path, data_dir: str | Path, split: str = "test",
         result["preference_front"] = evaluate_saved_front(run_dir / "model.pt", data.splits[split], split)
     atomic.write_json(out_file or run_dir / "evaluation.json", result)
     return result
+
+
+def check_run_consistent(run_dir: Path, require_completed: bool = True) -> None:
+    """Refuse a run directory whose ``metrics.json`` or ``model.pt`` is not the result of the run
+    ``run.json`` describes (an unfinished run, or files of two runs mixed by hand)."""
+    import torch
+
+    run = atomic.read_json(run_dir / "run.json", "run description")
+    if require_completed and run.get("status") != "completed":
+        raise DataError(f"run {run_dir} did not complete (status {run.get('status')!r}); finish it with "
+                        "`mtlflow train ... --resume` or train it again with --overwrite")
+    described = (run.get("config", {}).get("method"), run.get("data_hash"), run.get("tasks"))
+    files = {"metrics.json": lambda p: atomic.read_json(p, "run metrics")}
+    if require_completed or (run_dir / "model.pt").is_file():
+        files["model.pt"] = lambda p: torch.load(p, map_location="cpu", weights_only=False)
+    for name, load in files.items():
+        path = run_dir / name
+        if not path.is_file():
+            raise DataError(f"{path} not found; train the run again with --overwrite")
+        try:
+            blob = load(path)
+        except DataError:
+            raise
+        except Exception as exc:
+            raise DataError(f"{path} is corrupt ({type(exc).__name__}); train the run again with --overwrite") from None
+        if (blob.get("method"), blob.get("data_hash"), blob.get("tasks")) != described:
+            raise DataError(f"{path} does not belong to the run in {run_dir / 'run.json'} (another method, data "
+                            "or task set); train the run again with --overwrite")
 
 
 # -- aggregation ---------------------------------------------------------------------------------
@@ -175,6 +249,12 @@ def aggregate(run_dirs: Sequence[str | Path], out_dir: str | Path,
 
     if not run_dirs:
         raise InvalidParameterError("aggregate needs at least one run directory")
+    seen: dict[Path, str] = {}
+    for d in [*run_dirs, *reference_dirs]:
+        key = Path(d).resolve()
+        if key in seen:
+            raise InvalidParameterError(f"run directory {d} is given twice ({seen[key]} and {d}); give each run once")
+        seen[key] = str(d)
     runs = [read_run(d) for d in run_dirs]
     refs = [read_run(d) for d in reference_dirs]
     summary = summarise(runs, refs, method_set=method_set, split=split, paper_references=paper_references)
@@ -223,6 +303,14 @@ def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any
         if r["metrics"]["tasks"] != tasks:
             raise InvalidParameterError(f"run {r['dir']} has tasks {r['metrics']['tasks']}, expected {tasks}")
         by_method.setdefault(run_label(r["run"]), []).append(r)
+    for label, group in by_method.items():
+        dirs_by_seed: dict[int, list[str]] = {}
+        for g in group:
+            dirs_by_seed.setdefault(g["run"]["config"]["seed"], []).append(g["dir"])
+        for seed, dirs in dirs_by_seed.items():
+            if len(dirs) > 1:  # the same experiment twice would count as extra seeds with zero spread
+                raise InvalidParameterError(f"runs {', '.join(dirs)} are all {label} with seed {seed}; "
+                                            "keep one run per method and seed")
 
     declared = list(method_set) if method_set else sorted(by_method)
     missing = [m for m in declared if m not in by_method]

@@ -9,6 +9,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from mtlflow.errors import InvalidParameterError
+from mtlflow.seeding import check_seed
 
 
 def from_struct(value: Any) -> Any:
@@ -36,8 +37,14 @@ def validate_sweep(methods: Sequence[str], seeds: Sequence[int], method_hparams:
         raise InvalidParameterError("the method list is empty; give at least one method")
     if not seeds:
         raise InvalidParameterError("the seed list is empty; give at least one seed")
-    if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in seeds):
-        raise InvalidParameterError(f"seeds must be non-negative integers, got {list(seeds)}")
+    for name, values in (("methods", methods), ("seeds", seeds)):
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            raise InvalidParameterError(f"{name} must be a list, got {values!r}; write e.g. [{values}]")
+        repeated = sorted({repr(v) for v in values if list(values).count(v) > 1})
+        if repeated:  # a repeated run would be counted as one more seed with zero spread
+            raise InvalidParameterError(f"{name} lists {', '.join(repeated)} more than once; give each once")
+    for seed in seeds:
+        check_seed(seed, "every seed")
     if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
         raise InvalidParameterError(f"epochs must be a positive integer, got {epochs!r}")
     hparams = dict(method_hparams or {})

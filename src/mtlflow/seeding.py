@@ -9,6 +9,34 @@ import numpy as np
 import torch
 
 
+#: seeds are 32-bit unsigned integers: NumPy's legacy seeding accepts no more, and one range for the
+#: CLI, params files and pipelines means a seed accepted in one place is accepted everywhere
+SEED_LIMIT = 2**32
+
+
+def check_seed(value: object, what: str = "seed") -> int:
+    """``value`` as a seed, 0 <= seed < 2**32; anything else is a one-line :class:`InvalidParameterError`."""
+    from mtlflow.errors import InvalidParameterError
+
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_LIMIT:
+        raise InvalidParameterError(f"{what} must be an integer in [0, 2**32), got {value!r}")
+    return value
+
+
+def seed_arg(text: str) -> int:
+    """argparse ``type`` of every ``--seed``: the same rule as :func:`check_seed`."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**32), got {text!r}") from None
+    try:
+        return check_seed(value)
+    except Exception as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("seed ")) from None
+
+
 def seed_everything(seed: int, deterministic: bool = True) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))

@@ -18,7 +18,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from mtlflow import atomic, jobs
 from mtlflow.errors import InvalidParameterError
@@ -32,9 +31,11 @@ EXPERIMENTS = Path("runs/experiment")
 
 def load_params(path: str | Path = "params.yaml") -> dict[str, Any]:
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise InvalidParameterError(f"{path} not found; run DVC stages from the project root")
-    params = yaml.safe_load(path.read_text()) or {}
+    params = atomic.read_yaml(path, "params file") or {}
+    if not isinstance(params, dict):
+        raise InvalidParameterError(f"{path} must hold a mapping with prepare, train and reference sections")
     for section in ("prepare", "train", "reference"):
         if section not in params:
             raise InvalidParameterError(f"{path} lacks the '{section}' section")
@@ -51,7 +52,7 @@ def flat_metrics(final: dict[str, dict[str, float]]) -> dict[str, float]:
 
 def stage_prepare(params: dict[str, Any]) -> None:
     prep = params["prepare"]
-    jobs.prepare(prep["benchmark"], DATA, **(prep.get("options") or {}))
+    jobs.prepare(prep["benchmark"], DATA, overwrite=True, **(prep.get("options") or {}))
 
 
 def _train_options(params: dict[str, Any]) -> dict[str, Any]:
@@ -70,7 +71,7 @@ def _teleport(params: dict[str, Any]) -> dict[str, Any]:
 def stage_train(params: dict[str, Any], method: str, seed: int) -> None:
     train = params["train"]
     out = RUNS / run_name(method, seed)
-    result = jobs.train(DATA, out, method=method, seed=seed,
+    result = jobs.train(DATA, out, method=method, seed=seed, overwrite=True,
                         hparams=(train.get("method_hparams") or {}).get(method, {}),
                         progress=False, **_train_options(params), **_teleport(params))
     atomic.write_json(Path("metrics/train") / f"{run_name(method, seed)}.json", flat_metrics(result["final"]["test"]))
@@ -78,7 +79,7 @@ def stage_train(params: dict[str, Any], method: str, seed: int) -> None:
 
 def stage_reference(params: dict[str, Any], task: str, seed: int) -> None:
     jobs.train(DATA, REFERENCES / f"{task}-s{seed}", method="ls", seed=seed, tasks=[task], progress=False,
-               **_train_options(params))
+               overwrite=True, **_train_options(params))
 
 
 def _reference_dirs(params: dict[str, Any]) -> list[Path]:
@@ -122,7 +123,7 @@ def stage_experiment(params: dict[str, Any]) -> None:
     for seed in train["seeds"]:
         out = EXPERIMENTS / run_name(method, seed)
         jobs.train(DATA, out, method=method, seed=seed, hparams=(train.get("method_hparams") or {}).get(method, {}),
-                   progress=False, **_train_options(params), **_teleport(params))
+                   progress=False, overwrite=True, **_train_options(params), **_teleport(params))
         runs.append(out)
     summary = jobs.aggregate(runs, Path("reports/experiment"), reference_dirs=_reference_dirs(params))
     (label, row), = summary["methods"].items()

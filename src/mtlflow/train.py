@@ -25,7 +25,7 @@ epoch e depends only on (seed, e)).
 
 Run directory layout (the contract with ``evaluate``, ``aggregate`` and the pipeline components):
 
-* ``run.json``     -- configuration, status (running/completed/failed), data hash, versions;
+* ``run.json``     -- configuration, status (running/completed/failed/interrupted), data hash, versions;
 * ``metrics.json`` -- per-epoch metrics per split and task, timing and memory, the selection rule and
   the selected ``final`` metrics;
 * ``checkpoint.pt`` -- the last completed epoch (for ``--resume``);
@@ -467,6 +467,9 @@ class Trainer:
                 info["cosines"] = _jacobian_cosines_to_mean(work.jacobian)
         if self.config.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_grad_norm)
+        shared_max_norm = self.method.shared_grad_max_norm()
+        if shared_max_norm is not None:  # a method's official clipping of the shared parameters only
+            torch.nn.utils.clip_grad_norm_(self.shared, shared_max_norm)
         for cb in self.callbacks:
             cb.before_optimizer_step(self, state)
         self.optimizer.step()
@@ -555,7 +558,9 @@ class Trainer:
             state.direction = direction
         else:
             features = work.forward.features
-            features.backward(direction.view_as(features).to(features.dtype))
+            # shared parameters only: task parameters inside the trunk (SegNet-MTAN's attention masks)
+            # already got their plain gradient from representation_jacobian
+            features.backward(direction.view_as(features).to(features.dtype), inputs=list(self.shared))
         return solver_seconds
 
     def _solve_weights(self, gramian: Tensor, losses: Tensor) -> Tensor:
@@ -586,7 +591,9 @@ class Trainer:
             for epoch in range(start_epoch, self.config.epochs + 1):
                 self._run_epoch(epoch, bar)
         except BaseException as exc:
-            self._write_run_json("failed", error=f"{type(exc).__name__}: {exc}")
+            # Ctrl-C and SIGTERM (mtlflow.errors.Terminated) stop a healthy run that --resume continues
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            self._write_run_json(status, error=f"{type(exc).__name__}: {exc}")
             for cb in self.callbacks:
                 cb.on_train_failed(self, exc)
             raise

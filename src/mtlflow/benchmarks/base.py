@@ -72,11 +72,24 @@ class MultiTaskModel(nn.Module):
     def forward(self, x: Any) -> list[Tensor]:
         return self.forward_heads(self.features(x))
 
+    def trunk_task_parameters(self, index: int) -> list[nn.Parameter]:
+        """Parameters inside the trunk that only task ``index`` uses (SegNet-MTAN's attention masks); none
+        by default. They belong to that task, not to the shared set."""
+        return []
+
     def shared_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.trunk.parameters() if p.requires_grad]
+        """The parameters every task's output depends on: the trunk minus any task-specific trunk parameters.
+
+        One definition for the gradient engine (per-task gradients), COST (adapters on the shared trunk
+        only, paper Fig. 4) and PaLoRA; ``tests/test_shared_parameters.py`` checks it against per-task
+        autograd reachability on every benchmark's model."""
+        own = {id(p) for i in range(len(self.heads)) for p in self.trunk_task_parameters(i)}
+        return [p for p in self.trunk.parameters() if p.requires_grad and id(p) not in own]
 
     def task_parameters(self, index: int) -> list[nn.Parameter]:
-        return [p for p in self.heads[index].parameters() if p.requires_grad]
+        """Head ``index`` plus the trunk parameters only task ``index`` uses: they get the plain ∇L_index."""
+        head = [p for p in self.heads[index].parameters() if p.requires_grad]
+        return head + [p for p in self.trunk_task_parameters(index) if p.requires_grad]
 
 
 class MultiTaskTensorDataset(Dataset):
@@ -254,6 +267,8 @@ class Benchmark:
                 changed = sorted(n for n in set(actual) | set(recorded) if actual.get(n) != recorded.get(n))
                 what = ", ".join(str(data_dir / n) for n in changed) if recorded else f"files in {data_dir}"
                 verb = "does" if len(changed) == 1 else "do"
+                if recorded and not changed:  # every file matches, so the recorded content_hash was edited
+                    what, verb = f"the content_hash recorded in {data_dir / MANIFEST_NAME}", "does"
                 raise DataError(f"{what} {verb} not match its manifest hash (corrupt, missing or edited); "
                                 f"re-run `mtlflow prepare --benchmark {self.name} --out {data_dir}`")
         return BenchmarkData(self.read_splits(data_dir), manifest["content_hash"], manifest)

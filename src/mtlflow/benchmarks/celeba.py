@@ -121,7 +121,8 @@ class CelebA(Benchmark):
         "max_per_split": ConfigField(None, "keep only the first N images of each split (smoke runs)",
                                      _optional_positive_int, "a positive integer or null"),
     }
-    train_defaults = {"epochs": 15, "batch_size": 256, "lr": 3e-4, "optimizer": "adam"}
+    train_defaults = {"epochs": 15, "batch_size": 256, "lr": 3e-4, "optimizer": "adam",
+                      "per_method": {"ldcmtl": {"lr": 1e-3}}}  # LDC-MTL Table 5's step size
     cpu_smoke = {"options": {"image_size": 32, "max_per_split": 64}, "train": {"epochs": 1, "batch_size": 32}}
 
     def method_defaults(self, method: str) -> dict[str, Any]:

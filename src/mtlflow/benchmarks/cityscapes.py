@@ -22,7 +22,8 @@ class CityScapes(SceneBenchmark):
     task_dirs = {"segmentation": "label_7", "depth": "depth"}
     depth_hv_reference = 0.1
     train_defaults = {"epochs": 200, "batch_size": 8, "lr": 1e-4, "optimizer": "adam", "select": "last-k:10",
-                      "scheduler": "step", "scheduler_options": {"step_size": 100, "gamma": 0.5}}
+                      "scheduler": "step", "scheduler_options": {"step_size": 100, "gamma": 0.5},
+                      "per_method": {"ldcmtl": {"lr": 3e-4}}}  # LDC-MTL Table 5's step size
     cpu_smoke = {"options": {"max_items": 4, "width_divisor": 8}, "train": {"epochs": 1, "batch_size": 2, "select": "last"}}
 
     def method_defaults(self, method: str) -> dict:

@@ -337,7 +337,7 @@ def run_table(data_dir: str | Path, out_dir: str | Path, methods: Sequence[str] 
             done = (run / "run.json").is_file() and atomic.read_json(run / "run.json").get("status") == "completed"
             if not done:
                 jobs.train(data_dir, run, method=method, seed=seed, hparams=hp, epochs=epochs, progress=progress,
-                           resume=(run / "checkpoint.pt").is_file())
+                           resume=True)
             metrics = atomic.read_json(run / "metrics.json", "run metrics")
             results.append(metrics["final"]["test"])
             step_seconds.append(statistics.median(e["step_seconds_median"] for e in metrics["epochs"]))

@@ -114,7 +114,7 @@ class ASMG:
         self.mean = mean.detach().to(torch.float64).reshape(-1).clone()
         self.precision = torch.full_like(self.mean, 1.0 / config.sigma0)        # diag(Σ^{-1})
         self.n_objectives = n_objectives
-        self.lam = torch.full((n_objectives,), 1.0 / n_objectives, dtype=torch.float64)
+        self.lam = torch.full((n_objectives,), 1.0 / n_objectives, dtype=torch.float64, device=self.mean.device)
         self.t = 0
         #: coordinates whose precision update hit ``min_precision_ratio`` so far
         self.clipped = 0
@@ -129,8 +129,9 @@ class ASMG:
 
     def ask(self) -> Tensor:
         """The N points x_j = μ_t + Σ_t^{1/2} z_j to evaluate, ``[N, d]`` (Algorithm 3, steps 3-4)."""
+        # drawn from the CPU generator, then moved: the same seed gives the same search on CPU and GPU
         self._noise = torch.randn(self.config.n_samples, self.mean.numel(), generator=self.generator,
-                                  dtype=torch.float64)
+                                  dtype=torch.float64).to(self.mean.device)
         return self.mean + self.sigma.sqrt() * self._noise
 
     def tell(self, values: Tensor, center: Tensor) -> ASMGStep:
@@ -138,15 +139,16 @@ class ASMG:
         if self._noise is None:
             raise RuntimeError("ASMG.tell() called without ask()")
         z, self._noise = self._noise, None
-        values = values.detach().to(torch.float64)
-        center = center.detach().to(torch.float64).reshape(-1)
+        values = values.detach().to(self.mean.device, torch.float64)
+        center = center.detach().to(self.mean.device, torch.float64).reshape(-1)
         if not (bool(torch.isfinite(values).all()) and bool(torch.isfinite(center).all())):
             raise NonFiniteLossError("asmg: an objective value is NaN or Inf; lower sigma0 or beta")
         p_hat, h_hat = smoothing_estimates(z, values, center)
         if self.config.weighting == "equal":
-            solved = torch.full((self.n_objectives,), 1.0 / self.n_objectives, dtype=torch.float64)
+            solved = torch.full((self.n_objectives,), 1.0 / self.n_objectives, dtype=torch.float64,
+                                device=self.mean.device)
         else:
-            solved = asmg_lambda(p_hat, h_hat)
+            solved = asmg_lambda(p_hat, h_hat).to(self.mean.device)
         gamma = 1.0 / (self.t + 1)
         self.lam = (1.0 - gamma) * self.lam + gamma * solved
         sigma = self.sigma
@@ -178,9 +180,10 @@ class ASMG:
                 "t": self.t, "clipped": self.clipped, "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.mean = state["mean"].to("cpu", torch.float64).clone()
-        self.precision = state["precision"].to("cpu", torch.float64).clone()
-        self.lam = state["lam"].to("cpu", torch.float64).clone()
+        device = self.mean.device   # where this run keeps its search state, whatever the checkpoint's
+        self.mean = state["mean"].to(device, torch.float64).clone()
+        self.precision = state["precision"].to(device, torch.float64).clone()
+        self.lam = state["lam"].to(device, torch.float64).clone()
         self.t = int(state["t"])
         self.clipped = int(state["clipped"])
         self.generator.set_state(state["generator"].to("cpu"))

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.errors import UnknownNameError
-from mtlflow.grad_engine._flat import accumulate_grads, flatten, flatten_rows, write_flat_grad
+from mtlflow.grad_engine._flat import accumulate_grads, flatten_rows, write_flat_grad
 from mtlflow.grad_engine.backends import (JACOBIAN_BACKENDS, AutogramGramian, AutojacBackend, BatchedBackend,
                                           ForwardPass, FuncBackend, JacobianBackend, LoopBackend, StepProblem,
                                           backward_heads, backward_shared_weighted,
@@ -37,7 +37,7 @@ from mtlflow.grad_engine.backends import (JACOBIAN_BACKENDS, AutogramGramian, Au
 
 __all__ = ["BACKENDS", "GRAMIAN_BACKENDS", "JACOBIAN_BACKENDS", "GRAD_WRT", "AutogramGramian", "AutojacBackend",
            "BatchedBackend", "ForwardPass", "FuncBackend", "JacobianBackend", "LoopBackend", "StepProblem",
-           "accumulate_grads", "backward_heads", "backward_shared_weighted", "flatten", "flatten_rows",
+           "accumulate_grads", "backward_heads", "backward_shared_weighted", "flatten_rows",
            "jacobian_backend", "representation_jacobian", "resolve_backend", "task_jacobian", "write_flat_grad"]
 
 #: Backends computing only the Gramian (no Jacobian), for Gramian-weighting methods.

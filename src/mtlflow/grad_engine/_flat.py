@@ -8,12 +8,6 @@ import torch
 from torch import Tensor
 
 
-def flatten(tensors: Sequence[Tensor | None], like: Sequence[Tensor]) -> Tensor:
-    """Concatenate gradients into one vector, with zeros where a parameter got no gradient."""
-    parts = [(t if t is not None else torch.zeros_like(p)).reshape(-1) for t, p in zip(tensors, like)]
-    return torch.cat(parts) if parts else torch.zeros(0)
-
-
 def flatten_rows(rows: Sequence[Tensor | None], like: Sequence[Tensor], k: int) -> Tensor:
     """Concatenate per-parameter Jacobians ``[K, *p.shape]`` into ``[K, P]`` (zeros for ``None``)."""
     parts = [(r if r is not None else p.new_zeros((k, *p.shape))).reshape(k, -1) for r, p in zip(rows, like)]

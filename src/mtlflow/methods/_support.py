@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from mtlflow.errors import InvalidParameterError
+from mtlflow.methods._numerics import gramian_array
 from mtlflow.methods.base import HParam
 
 
@@ -56,10 +57,10 @@ class MethodGenerator:
         self.generator.set_state(state.to("cpu"))  # checkpoints may be loaded onto the GPU
 
 
-def gramian_numpy(gramian: Tensor) -> np.ndarray:
-    """The K x K Gramian as a symmetric float64 numpy array (the small solvers run on the CPU)."""
-    m = gramian.detach().to("cpu", torch.float64).numpy()
-    return 0.5 * (m + m.T)
+def gramian_numpy(gramian: Tensor, method: str) -> np.ndarray:
+    """The K x K Gramian as a symmetric PSD float64 numpy array (the small solvers run on the CPU);
+    NaN or Inf raise :class:`~mtlflow.errors.NonFiniteValueError` (see :mod:`mtlflow.methods._numerics`)."""
+    return gramian_array(gramian, method)
 
 
 def min_losses_hparam() -> HParam:

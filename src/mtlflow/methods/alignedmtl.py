@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mtlflow.errors import SolverError
+from mtlflow.methods._numerics import gramian_array
 from mtlflow.methods.base import GramianWeighting, HParam
 
 SCALE_MODES = ("min", "median", "rmse")
@@ -33,12 +33,11 @@ SCALE_MODES = ("min", "median", "rmse")
 
 def balance_transform(gramian: Tensor, scale_mode: str = "min") -> Tensor:
     """B = σ V Λ^{-1/2} Vᵀ (K×K) such that B J has all non-zero singular values equal to σ."""
-    if not bool(torch.isfinite(gramian).all()):
-        raise SolverError("alignedmtl: the task-gradient Gramian contains NaN or Inf; check the losses and --lr")
-    g = 0.5 * (gramian + gramian.T)
+    # float64 (bf16 has no eigh), but the rank cut-off keeps the precision the Gramian was formed in
+    g = torch.from_numpy(gramian_array(gramian, "alignedmtl")).to(gramian.device)
     eigenvalues, vectors = torch.linalg.eigh(g)
     k = g.shape[0]
-    tol = eigenvalues.max() * k * torch.finfo(g.dtype).eps
+    tol = eigenvalues.max() * k * torch.finfo(gramian.dtype).eps
     keep = eigenvalues > tol
     if not bool(keep.any()):
         return torch.eye(k, dtype=g.dtype, device=g.device)

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.errors import InvalidParameterError
+from mtlflow.methods._numerics import gramian_float64
 
 
 class GradInput(enum.Enum):
@@ -79,6 +80,13 @@ def unit_interval(v: Any) -> bool:
     return 0 <= v <= 1
 
 
+#: Accepted by every method (not stored in ``hp``): which scale convention the trainer applies to its
+#: update (see :attr:`Method.natural_scale` and :attr:`Method.reference_scale`).
+SCALE_CONVENTION = HParam("sum", "scale of the update: 'sum' (the rule: on the scale of Σ L_i, x K for convex "
+                          "combinations) or 'reference' (the convention of the method's reference code)",
+                          lambda v: v in ("sum", "reference"), "'sum' or 'reference'")
+
+
 #: Declare this hyper-parameter (``hparams = {"update_weights_every": UPDATE_WEIGHTS_EVERY, ...}``) in a
 #: :class:`GramianWeighting` method to let the trainer amortise its solver: the weights are solved every
 #: N steps and reused in between, and on a reuse step the trainer computes no per-task gradient at all
@@ -109,9 +117,16 @@ class Method:
     equations: ClassVar[str] = ""
     hparams: ClassVar[dict[str, HParam]] = {}
     requires: ClassVar[GradInput] = GradInput.LOSSES
-    #: "mean" when the direction is on the scale of the *average* task gradient (a convex
-    #: combination): the trainer's global rescaling multiplies it by K to match Σ L_i.
+    #: The scale convention, one rule for every method: the update is on the scale of Σ_i L_i (linear
+    #: scalarisation). A method whose loss weights or gradient weights sum to 1 (a convex combination:
+    #: RLW, FAMO, MGDA, IMTL-G, UPGrad, ...) declares "mean" and the trainer multiplies its update by
+    #: K (``TrainConfig.rescale``, on by default); "sum" methods are used as they are.
     natural_scale: ClassVar[str] = "sum"
+    #: The convention of the code the method is checked against (its official code, or LibMTL/TorchJD
+    #: when the method's results were produced with those), used instead of ``natural_scale`` with
+    #: ``--hp scale_convention=reference``; e.g. RLW, FAMO, IMTL-G and MoCo are "sum" there (plain
+    #: softmax / simplex weights, no ×K). None: the reference uses the rule's scale.
+    reference_scale: ClassVar[str | None] = None
     #: True for methods that own the whole training step (bilevel, Pareto-front learning):
     #: the trainer then calls :meth:`training_step` instead of its standard step.
     custom_step: ClassVar[bool] = False
@@ -119,15 +134,20 @@ class Method:
     def __init__(self, n_tasks: int, **hparams: Any):
         if not isinstance(n_tasks, int) or n_tasks < 1:
             raise InvalidParameterError(f"{self.name}: n_tasks must be a positive integer, got {n_tasks!r}")
-        unknown = sorted(set(hparams) - set(self.hparams))
+        unknown = sorted(set(hparams) - set(self.hparams) - {"scale_convention"})
         if unknown:
             valid = ", ".join(sorted(self.hparams)) or "none"
-            raise InvalidParameterError(
-                f"{self.name}: unknown hyper-parameter(s) {', '.join(unknown)}; valid: {valid}")
+            raise InvalidParameterError(f"{self.name}: unknown hyper-parameter(s) {', '.join(unknown)}; valid: "
+                                        f"{valid} (and scale_convention, for every method)")
         self.n_tasks = n_tasks
         self.hp: dict[str, Any] = {}
         for key, spec in self.hparams.items():
             self.hp[key] = spec.coerce(self.name, key, hparams.get(key, spec.default))
+        #: "sum" (default): the rule of ``natural_scale``; "reference": the reference code's convention
+        self.scale_convention = SCALE_CONVENTION.coerce(self.name, "scale_convention",
+                                                        hparams.get("scale_convention", "sum"))
+        if self.scale_convention == "reference" and self.reference_scale is not None:
+            self.natural_scale = self.reference_scale
         #: weights applied in the last step (for logging), if the method has any
         self.last_weights: Tensor | None = None
 
@@ -153,6 +173,11 @@ class Method:
 
     def on_epoch_end(self, epoch: int) -> None:
         """Called after every training epoch."""
+
+    def shared_grad_max_norm(self) -> float | None:
+        """A norm to which the trainer clips the shared parameters' gradient only (after its own global
+        clipping), for methods whose official code clips there (Nash-MTL's ``max_norm``); None: none."""
+        return None
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -213,7 +238,9 @@ class GramianWeighting(GradientMethod):
         return int(self.hp.get("update_weights_every", 1))
 
     def combine(self, grads: Tensor, losses: Tensor) -> Tensor:
-        gramian = grads @ grads.T
-        w = self.weights_from_gramian(gramian, losses).to(device=grads.device, dtype=grads.dtype)
+        # K x K problems are solved in float64 (mtlflow.methods._numerics); the combination Σ w_i g_i
+        # is accumulated in at least float32 so that bf16 gradients keep the weights' precision
+        w = self.weights_from_gramian(gramian_float64(grads), losses)
         self.last_weights = w.detach()
-        return w @ grads
+        accumulate = torch.promote_types(grads.dtype, torch.float32)
+        return (w.to(device=grads.device, dtype=accumulate) @ grads.to(accumulate)).to(grads.dtype)

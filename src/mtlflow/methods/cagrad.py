@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.errors import SolverError
+from mtlflow.methods._numerics import gramian_array
 from mtlflow.methods.base import GramianWeighting, HParam, positive
 from mtlflow.methods.upgrad import dual_cone_weights
 
@@ -51,10 +52,7 @@ DEGENERATE_TOL = 1e-12
 
 
 def _gramian_array(gramian: Tensor) -> np.ndarray:
-    m = gramian.detach().to("cpu", torch.float64).numpy()
-    if not np.all(np.isfinite(m)):
-        raise SolverError("cagrad: the task-gradient Gramian contains NaN or Inf; check the losses and --lr")
-    return 0.5 * (m + m.T)
+    return gramian_array(gramian, "cagrad")
 
 
 def two_task_dual(a: np.ndarray, radius: float) -> np.ndarray:

@@ -29,7 +29,7 @@ from torch import Tensor
 from mtlflow.errors import InvalidParameterError
 from mtlflow.methods._support import (head_parameters, loss_bounds, min_losses_hparam, scale_head_gradients,
                                       shifted_losses)
-from mtlflow.methods.base import GradientMethod, HParam, non_negative, unit_interval
+from mtlflow.methods.base import GradientMethod, HParam, non_negative
 
 def max_norm_balance(ema_grads: Tensor) -> tuple[Tensor, Tensor]:
     """(d, α): d = Σ_i α_i ĝ_i with α_i = max_j ||ĝ_j|| / ||ĝ_i|| (α_i = 0 for a zero row).
@@ -48,7 +48,8 @@ class DualBalancing(GradientMethod):
     paper = "Lin et al., Dual-Balancing for Multi-Task Learning, arXiv:2308.12029, 2023"
     equations = "log-loss gradients; EMA ĝ_i; d = Σ_i (max_j ||ĝ_j|| / ||ĝ_i||) ĝ_i"
     hparams = {
-        "beta": HParam(0.9, "EMA factor β of the log-loss gradients", unit_interval, "in [0, 1]"),
+        # β = 1 would keep the EMA at its initial 0: every update zero
+        "beta": HParam(0.9, "EMA factor β of the log-loss gradients", lambda v: 0 <= v < 1, "in [0, 1)"),
         "beta_sigma": HParam(0.0, "decay exponent: the EMA factor at step t is β / t^beta_sigma", non_negative, ">= 0"),
         "min_losses": min_losses_hparam(),
     }

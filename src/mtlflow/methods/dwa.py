@@ -12,9 +12,12 @@ slowly (larger ratio r_k) gets a larger weight.
 ``window="epoch"`` (default) is the paper: the per-epoch average losses are collected in
 ``objective`` and closed in ``on_epoch_end``. ``window="iterations"`` is the variant of the
 Nash-MTL/FAMO code (the implementation most papers ran): r is the ratio of the mean losses of the last
-``iteration_window`` (25) steps to the mean of the ``iteration_window`` steps before them. Here the
-weights stay equal until 2·window losses have been seen; the Nash-MTL code starts after window + 1
-steps from a buffer padded with ones, and returns mean(w L) (a factor 1/K).
+``iteration_window`` (25) steps to the mean of the ``iteration_window`` steps before them; as in that
+code, the current step's loss enters the window before the weights are computed (the weights of step
+t use the losses of steps t-2·window+1 .. t). Two deviations remain, by design: the weights stay equal
+until 2·window losses have been seen (the Nash-MTL code starts after window + 1 steps from a buffer
+padded with ones, i.e. compares real losses with 1.0), and the objective is Σ w L, not mean(w L)
+(a factor 1/K; the trainer's scale convention, see :class:`~mtlflow.methods.base.Method`).
 ``min_losses`` shifts losses that can be negative (the toy problem).
 """
 
@@ -72,9 +75,11 @@ class DynamicWeightAverage(LossWeighting):
 
     def objective(self, losses: Tensor) -> Tensor:
         shifted = shifted_losses(self.name, losses, self.min_losses)
+        # recorded first: window="iterations" includes this step's loss (the Nash-MTL code); the epoch
+        # window only closes in on_epoch_end, so its weights are unaffected by the order
+        self._record(shifted.detach().to("cpu", torch.float64))
         w = self.weights(shifted.detach())
         self.last_weights = w
-        self._record(shifted.detach().to("cpu", torch.float64))
         return (w * shifted).sum()
 
     def _record(self, shifted: Tensor) -> None:

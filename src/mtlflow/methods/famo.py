@@ -10,7 +10,9 @@ i.e. effective loss weights w_i = z_i / (c (L_i - L_i^min + ε)), which decrease
 equal rate. After the optimizer step the losses are re-evaluated on the same batch and the logits
 are updated with the observed log-loss decrease δ_i = log D_i(before) - log D_i(after),
 D = L - L^min + ε: ξ's gradient is J_softmax(ξ)ᵀ δ, applied with Adam (lr ``w_lr``, weight decay
-``gamma``). The re-evaluation needs the ``after_optimizer_step`` hook and one extra forward pass.
+``gamma``). The effective weights sum to 1, so by the scale convention
+(:attr:`~mtlflow.methods.base.Method.natural_scale`) the trainer multiplies the step by K; the
+official code does not (``--hp scale_convention=reference``). The re-evaluation needs the ``after_optimizer_step`` hook and one extra forward pass.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.errors import InvalidParameterError
+from mtlflow.methods._support import loss_bounds, min_losses_hparam
 from mtlflow.methods.base import HParam, LossWeighting, StepContext, non_negative, positive
 
 
@@ -28,24 +31,20 @@ class FAMO(LossWeighting):
     name = "famo"
     paper = "Liu, Liu & Stone, FAMO: Fast Adaptive Multitask Optimization, NeurIPS 2023"
     equations = "Sec. 3 / Alg. 1: weighted log-loss step, logit update with J_softmaxᵀ δ"
+    natural_scale = "mean"
+    reference_scale = "sum"
     hparams = {
         "w_lr": HParam(0.025, "learning rate of the logits ξ", positive, "> 0"),
         "gamma": HParam(1e-3, "weight decay of the logits (0.01 CityScapes, 0.001 otherwise)",
                         non_negative, ">= 0"),
         "eps": HParam(1e-8, "ε added to L - L^min", positive, "> 0"),
-        "min_losses": HParam(None, "lower bounds L^min of the task losses (default 0; the toy problem "
-                             "uses [-21·scale, -21] as the official script)",
-                             lambda v: v is None or all(isinstance(x, (int, float)) for x in v),
-                             "a list of numbers, one per task", kind=list),
+        "min_losses": min_losses_hparam(),
     }
 
     def __init__(self, n_tasks: int, **hparams: Any):
         super().__init__(n_tasks, **hparams)
         self.logits = torch.zeros(n_tasks, requires_grad=True)
-        bounds = self.hp["min_losses"]
-        if bounds is not None and len(bounds) != n_tasks:
-            raise InvalidParameterError(f"famo: min_losses has {len(bounds)} entries for {n_tasks} tasks")
-        self.min_losses = torch.tensor(bounds if bounds is not None else [0.0] * n_tasks, dtype=torch.float64)
+        self.min_losses = loss_bounds(self.name, n_tasks, self.hp["min_losses"])
         self._optimizer = torch.optim.Adam([self.logits], lr=self.hp["w_lr"], weight_decay=self.hp["gamma"])
         self._losses_before: Tensor | None = None
 

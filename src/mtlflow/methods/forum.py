@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtlflow.errors import SolverError
+from mtlflow.errors import NonFiniteValueError, SolverError
 from mtlflow.methods._moblo import BilevelState, check_finite, common_hparams, step_model
 from mtlflow.methods.base import HParam, Method, positive
 from mtlflow.methods.solvers import min_norm_weights_qp
@@ -75,7 +75,7 @@ def forum_qp(gram: Tensor, rho: float) -> ForumQPSolution:
         raise SolverError("forum needs quadprog for its QP (Eq. 3.29): pip install quadprog") from None
     m = gram.detach().to("cpu", torch.float64).numpy()
     if not np.all(np.isfinite(m)):
-        raise SolverError("forum: the gradient Gram matrix contains NaN or Inf; check the losses and learning rates")
+        raise NonFiniteValueError("forum: the gradient Gram matrix contains NaN or Inf; check the losses and learning rates")
     m = 0.5 * (m + m.T)
     k = m.shape[0] - 1
     q_norm2 = float(m[k, k])

@@ -76,7 +76,7 @@ class GradVac(GramianWeighting):
 
     def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:
         orders = self.rng.visiting_orders(self.n_tasks)
-        coef, self.targets = gradvac_coefficients(gramian_numpy(gramian), self.targets, orders, self.hp["beta"])
+        coef, self.targets = gradvac_coefficients(gramian_numpy(gramian, self.name), self.targets, orders, self.hp["beta"])
         return torch.from_numpy(coef.sum(axis=0)).to(gramian.device)
 
     def state_dict(self) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from mtlflow.methods._numerics import gramian_float64
 from mtlflow.methods._support import (gramian_numpy, head_parameters, loss_bounds, min_losses_hparam,
                                       scale_head_gradients, shifted_losses)
 from mtlflow.methods.base import GradientMethod, StepContext
@@ -63,7 +64,7 @@ class IMTL(GradientMethod):
     def combine(self, grads: Tensor, losses: Tensor) -> Tensor:
         scales = torch.exp(self.log_scales.detach().to(grads))
         scaled = grads * scales[:, None]
-        alpha = torch.from_numpy(imtlg_weights(gramian_numpy(scaled @ scaled.T))).to(grads)
+        alpha = torch.from_numpy(imtlg_weights(gramian_numpy(gramian_float64(scaled), self.name))).to(grads)
         self.last_weights = (alpha * scales).detach()
         scale_head_gradients(self.heads, scales)
         return alpha @ scaled

@@ -38,24 +38,30 @@ overrides which initial loss is used. ``min_losses`` shifts losses that can be �
 Router σ(W) (App. A.1 "Router model details"): ``router="vector"`` (default) is a trainable vector with a
 softmax (QM9, CelebA); ``router="mlp"`` is a 3-layer MLP d → d/2 → d/4 → K
 with a softmax output over the shared features (global-average-pooled when they have spatial
-dimensions; averaged over tasks for models whose features are stacked per task -- multi-input, MTAN --
-and the mean ODE state for NORMAL, see :func:`batch_features_reader`) (Cityscapes, NYU-v2). The vector is
+dimensions; for models whose features are stacked per task -- multi-input, MTAN -- the K task features
+concatenated, ``router_features="concat"``, or averaged, ``"mean"``; the mean ODE state for NORMAL, see
+:func:`batch_features_reader`) (Cityscapes, NYU-v2). The vector is
 the default because on MultiMNIST the MLP router collapses onto one task within two epochs (the λ∇_W g
 term of Alg. 1 moves σ towards the task with the smaller loss, and an MLP's outputs move much faster
 than a vector's logits; measured, README), while the vector trains as well as LS. Choices the paper
 leaves open, made here [inferred]: the MLP's activation is ReLU; its input features are detached
 (σ is a function of W only, as in the formulas); its per-sample outputs are averaged over the batch
 (a mean of points of the simplex stays on the simplex); the router starts from a private generator
-seeded from the run seed (the global RNG streams are untouched). The router's hidden sizes and bias
-reproduce the paper's parameter counts: 128 → 64 → 32 → 2 with biases = 10,402 (Cityscapes),
-192 → 96 → 48 → 3 without biases = 23,184 (NYU-v2, ``router_bias=false``).
+seeded from the run seed (the global RNG streams are untouched). On the shipped SegNet-MTAN the input
+is the K = 2 / 3 task features of width 64 side by side, so the router reproduces the paper's parameter
+counts: 128 → 64 → 32 → 2 with biases = 10,402 (Cityscapes), 192 → 96 → 48 → 3 without biases = 23,184
+(NYU-v2, ``router_bias=false``) (tested). ``sigma_min`` / ``sigma_max`` clamp each σ_i (the official
+code uses [0.2, 0.8]; off by default as in the paper): a weight at its bound gets no gradient, which stops
+the MLP router's collapse onto one task.
 
 The router has its own optimizer of the trainer's kind (Adam/AdamW/SGD) with the **same step size as
 the model** unless ``router_lr`` is set (the paper uses one step size α for W and x; its scheduler's
-current value is followed), and it steps after the trainer's ``optimizer.step()`` from the gradients of
-the same backward pass. The absolute value may be smoothed, √(x² + γ) with γ = ``smooth_abs``, as
+current value is followed) and the model's weight decay (0 in every recipe; never AdamW's own 0.01 default),
+and it steps after the trainer's ``optimizer.step()`` from the gradients of the same backward pass. The absolute value may be smoothed, √(x² + γ) with γ = ``smooth_abs``, as
 the paper suggests for its theory (Sec. 6). Per-benchmark defaults (Table 5) come from each
-benchmark's ``method_defaults``.
+benchmark's ``method_defaults`` (λ, τ, normalisation, router) and its ``train_defaults["per_method"]``
+(the step size α: CelebA 1e-3, QM9 1e-3, CityScapes 3e-4, NYU-v2 8e-5 -- Table 5, not the text's 1e-4
+for NYU-v2).
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ ROUTERS = ("mlp", "vector")
 LOOPS = ("single", "double")
 LOSS_REFERENCES = ("auto", "epoch", "run")
 FORMS = ("paper", "code")
+STACKED_FEATURES = ("concat", "mean")
 
 
 def discrepancy(normalized: Tensor, tau: Tensor, smooth_abs: float = 0.0) -> Tensor:
@@ -139,17 +146,22 @@ def router_input(features: Any) -> Tensor:
     return flat.flatten(2).mean(dim=2) if flat.dim() > 2 else flat
 
 
-def batch_features_reader(model: Any) -> Callable[[Any], Any]:
+def batch_features_reader(model: Any, stacked: str = "concat") -> Callable[[Any], Any]:
     """How to get ``[B, ...]`` shared features from ``model.features(x)``: the model's own
-    ``batch_features`` (NORMAL), the mean over tasks for models whose features are stacked per task
-    ``[K, B, ...]`` (those overriding ``forward_heads``: multi-input, MTAN), else the features as they are."""
+    ``batch_features`` (NORMAL); for models whose features are stacked per task ``[K, B, C, ...]`` (those
+    overriding ``forward_heads``: multi-input, MTAN) the K task features concatenated along the channels,
+    ``[B, K·C, ...]`` (``stacked="concat"``: the width behind App. A.1's router parameter counts, 128 = 2 x 64
+    on CityScapes, 192 = 3 x 64 on NYU-v2) or their mean ``[B, C, ...]`` (``stacked="mean"``); else the
+    features as they are."""
     from mtlflow.benchmarks.base import MultiTaskModel
 
     own = getattr(model, "batch_features", None)
     if callable(own):
         return own
     if isinstance(model, MultiTaskModel) and type(model).forward_heads is not MultiTaskModel.forward_heads:
-        return lambda z: z.mean(dim=0)
+        if stacked == "mean":
+            return lambda z: z.mean(dim=0)
+        return lambda z: z.movedim(0, 1).flatten(1, 2)
     return lambda z: z
 
 
@@ -177,6 +189,13 @@ class LDCMTL(LossWeighting):
                          "d→d/2→d/4→K over the shared features; Cityscapes, NYU-v2)", lambda v: v in ROUTERS,
                          "'vector' or 'mlp'"),
         "router_bias": HParam(True, "biases in the MLP router (NYU-v2's router has none)", kind=bool),
+        "router_features": HParam("concat", "MLP router input for per-task features (MTAN, multi-input): 'concat' "
+                                  "(the K task features side by side, App. A.1's counts) or 'mean' (their mean)",
+                                  lambda v: v in STACKED_FEATURES, "'concat' or 'mean'"),
+        "sigma_min": HParam(0.0, "lower clamp of each σ_i (official code: 0.2; 0 = the paper, no clamp)",
+                            lambda v: 0 <= v < 1, "in [0, 1)"),
+        "sigma_max": HParam(1.0, "upper clamp of each σ_i (official code: 0.8; 1 = the paper, no clamp)",
+                            lambda v: 0 < v <= 1, "in (0, 1]"),
         "router_lr": HParam(None, "router step size (default: the model's current learning rate, as the paper)",
                             lambda v: v is None or v > 0, "> 0", kind=float),
         "loop": HParam("single", "'single' (Alg. 1) or 'double' (Alg. 2: N inner steps approximating x*)",
@@ -194,6 +213,10 @@ class LDCMTL(LossWeighting):
         super().__init__(n_tasks, **hparams)
         hp = self.hp
         self.min_losses = loss_bounds(self.name, n_tasks, hp["min_losses"])
+        if hp["sigma_min"] >= hp["sigma_max"] or hp["sigma_min"] * n_tasks > 1 or hp["sigma_max"] * n_tasks < 1:
+            raise InvalidParameterError(
+                f"ldcmtl: sigma_min={hp['sigma_min']} and sigma_max={hp['sigma_max']} leave no weights summing to 1 "
+                f"for {n_tasks} tasks; use sigma_min <= 1/{n_tasks} <= sigma_max")
         self.reference_kind = (hp["loss_reference"] if hp["loss_reference"] != "auto"
                                else ("epoch" if hp["normalization"] == "log" else "run"))
         self.router: Router | None = Router(n_tasks, "vector") if hp["router"] == "vector" else None
@@ -213,7 +236,7 @@ class LDCMTL(LossWeighting):
     def setup(self, trainer: Any) -> None:
         self._trainer = trainer
         self._seed = int(trainer.config.seed)
-        self._read_features = batch_features_reader(trainer.model)
+        self._read_features = batch_features_reader(trainer.model, self.hp["router_features"])
         if self.router is not None:
             self._build_optimizer()
 
@@ -300,7 +323,12 @@ class LDCMTL(LossWeighting):
     def _sigma(self) -> Tensor:
         inputs = None if self.router.kind == "vector" else router_input(self._features).to(
             next(self.router.parameters()).dtype)
-        return self.router(inputs)
+        sigma = self.router(inputs)
+        if self.hp["sigma_min"] > 0 or self.hp["sigma_max"] < 1:
+            # the official code's guard against router collapse: a weight at its bound gets no gradient, so
+            # λ∇_W g stops pushing σ towards the smaller loss there (the clamped σ is not renormalised)
+            sigma = sigma.clamp(self.hp["sigma_min"], self.hp["sigma_max"])
+        return sigma
 
     def _build_router(self, features: Any) -> None:
         """The MLP router, built at the first step when the feature width is known (private seed)."""
@@ -325,10 +353,15 @@ class LDCMTL(LossWeighting):
         kind = getattr(config, "optimizer", "adam")
         lr = self.hp["router_lr"] or self._model_lr()
         params = list(self.router.parameters())
+        # The paper steps W and x with one optimizer (same α, same regularisation): the router takes the
+        # model's weight decay explicitly, never torch's AdamW default of 0.01.
+        decay = float(getattr(config, "weight_decay", 0.0))
         if kind == "sgd":
-            self.router_optimizer = torch.optim.SGD(params, lr=lr, momentum=getattr(config, "momentum", 0.9))
+            self.router_optimizer = torch.optim.SGD(params, lr=lr, momentum=getattr(config, "momentum", 0.9),
+                                                    weight_decay=decay)
         else:
-            self.router_optimizer = (torch.optim.AdamW if kind == "adamw" else torch.optim.Adam)(params, lr=lr)
+            self.router_optimizer = (torch.optim.AdamW if kind == "adamw" else torch.optim.Adam)(
+                params, lr=lr, weight_decay=decay)
 
     def _approximate_lower_optimum(self, ctx: StepContext) -> Tensor:
         """l̃_i(z_N) with z_N from N steps z ← z − β ∇_z g(W^t, z) started at z_0 = x^t (Eq. 4)."""

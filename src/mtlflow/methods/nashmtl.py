@@ -45,8 +45,11 @@ Differences from the official code (AvivNavon/nash-mtl), by design:
   (MGDA) weights -- an update of zero at an exactly stationary point -- and ``stationary_steps``
   counts such steps. This is a property of the gradients, checked before any solve, not a solver
   failure (the CAGrad toy's Pareto front is reached with exactly anti-parallel gradients).
-* ``max_norm`` (the official code clips the gradient norm to 1.0 inside the method): clipping is the
-  trainer's job, identical for every method -- pass ``--clip-grad-norm 1.0`` to reproduce it.
+* ``max_norm``: the official code clips the norm of the shared parameters' gradient to 1.0 (heads
+  unclipped). ``--hp max_norm=1.0`` does exactly that (the trainer clips ``trainer.shared`` after
+  its own global clipping, via :meth:`~mtlflow.methods.base.Method.shared_grad_max_norm`); the
+  default 0 is the paper (no clipping). ``--clip-grad-norm 1.0`` is not the same: it clips the
+  global norm of all parameters, heads included.
 * ``update_weights_every`` (amortisation) is applied by the trainer, which reuses ``last_weights``
   between solves; every solve warm-starts from them.
 """
@@ -60,16 +63,14 @@ import torch
 from torch import Tensor
 
 from mtlflow.errors import SolverError
+from mtlflow.methods._numerics import gramian_array
 from mtlflow.methods._cvx import EXP_CONE_SOLVERS, require_solver, solve_checked
 from mtlflow.methods.base import UPDATE_WEIGHTS_EVERY, GramianWeighting, HParam, positive
 from mtlflow.methods.solvers import min_norm_weights_qp
 
 
 def _gramian_array(gramian: Tensor) -> np.ndarray:
-    m = gramian.detach().to("cpu", torch.float64).numpy()
-    if not np.all(np.isfinite(m)):
-        raise SolverError("nashmtl: the task-gradient Gramian contains NaN or Inf; check the losses and --lr")
-    return 0.5 * (m + m.T)
+    return gramian_array(gramian, "nashmtl")
 
 
 #: On the CCCP path, gradients whose min-norm point has squared norm below this (in units of the
@@ -158,6 +159,8 @@ class NashMTL(GramianWeighting):
         "two_task_closed_form": HParam(True, "use the exact closed form for K = 2 instead of the CCCP",
                                        kind=bool),
         "update_weights_every": UPDATE_WEIGHTS_EVERY,
+        "max_norm": HParam(0.0, "clip the shared parameters' gradient to this norm, as the official code "
+                           "(1.0); 0 = no clipping (the paper)", lambda v: v >= 0, ">= 0"),
     }
 
     def __init__(self, n_tasks: int, **hparams: Any):
@@ -219,6 +222,9 @@ class NashMTL(GramianWeighting):
             if converged:
                 break
         return x / to_normalised
+
+    def shared_grad_max_norm(self) -> float | None:
+        return self.hp["max_norm"] if self.hp["max_norm"] > 0 else None
 
     def state_dict(self) -> dict[str, Any]:
         return {"alpha": None if self._alpha is None else torch.from_numpy(self._alpha.copy()),

@@ -5,9 +5,13 @@ Preferences" (``shared/seeds/palora-pareto-low-rank-adapters.txt``). One model r
 Pareto front: for a preference λ ∈ Δ_T every adapted layer uses W + (α/r) Σ_t λ_t A_t B_t (Eq. 2,
 :mod:`mtlflow.pareto.adapters`), and the same λ weights the losses.
 
-Training step (Algorithm 1), owned by this method (``custom_step``): the M rays of the step are
-λ_m(τ) = g_{τ,Q}(λ̃_m) (Eq. 3, :mod:`mtlflow.pareto.simplex`) for the training progress
-τ = step / (total steps − 1); for every ray the network is formed with that λ and its loss is
+Training step (Algorithm 1), owned by this method (``custom_step``): the M rays of the step move
+from the simplex centre c to Eq. 3's end point, λ_m(τ) = (1 − τ)·c + τ·g_{1,Q}(λ̃_m)
+(:mod:`mtlflow.pareto.simplex`), for the training progress τ = step / (total steps − 1), the horizon
+fixed at the run's start and kept in its checkpoint. Deviation: Eq. 3 taken literally, λ_m(τ) =
+g_{τ,Q}(λ̃_m), has 0^{τ/Q} = 0, so every ray with a zero component sits on its end point from the first
+step (3 tasks, M = 10: 7 distinct rays), unlike the gradual motion of the paper's Fig. 11; it remains
+as ``schedule=annealed-eq3``. For every ray the network is formed with that λ and its loss is
 λ_mᵀ L(f(x; θ(λ_m)), y); the step minimises L_total = Σ_m λ_mᵀ L_m, updating the base weights W, the
 adapters A, B and the heads jointly (one optimizer step; the M backward passes are accumulated, which
 gives the gradient of the sum without holding M graphs). ``schedule`` selects the ablation variants of
@@ -83,7 +87,9 @@ class PaLoRA(Method):
                        non_negative, "an integer >= 0", kind=int),
         "temperature": HParam(1.0, "annealing temperature Q of Eq. 3 (paper grid 1, 2, 5; 1 ends on the grid)",
                               positive, "> 0"),
-        "schedule": HParam("annealed", "preference schedule: annealed (Eq. 3), deterministic (g_{1,Q}, no "
+        "schedule": HParam("annealed", "preference schedule: annealed (rays move linearly from the centre to "
+                           "Eq. 3's end point g_{1,Q}, Fig. 11), annealed-eq3 (Eq. 3 literally; rays with a zero "
+                           "component jump at the first step), deterministic (g_{1,Q}, no "
                            "annealing), dirichlet (Dirichlet(p·1)), dirichlet-annealed (Dirichlet(p(1-τ)·1))",
                            lambda v: v in SCHEDULES, " or ".join(SCHEDULES), kind=str),
         "concentration": HParam(1.0, "Dirichlet concentration p of the random schedules (paper grid 1, 2, 5)",
@@ -230,10 +236,13 @@ class PaLoRA(Method):
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"schedule": self.schedule.state_dict()}
+        # the schedule's horizon travels with the checkpoint: a run resumed with more epochs keeps the
+        # annealing it started with instead of recomputing τ from the new epoch count
+        return {"schedule": self.schedule.state_dict(), "total_steps": self.total_steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.schedule.load_state_dict(state["schedule"])
+        self.total_steps = int(state.get("total_steps", self.total_steps))
 
 
 def _task_info(tasks: Sequence[Any]) -> tuple[list[str], dict[str, str], dict[str, Any], list[float]]:

@@ -60,7 +60,7 @@ class PCGrad(GramianWeighting):
 
     def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:
         orders = self.rng.visiting_orders(self.n_tasks)
-        coef = pcgrad_coefficients(gramian_numpy(gramian), orders)
+        coef = pcgrad_coefficients(gramian_numpy(gramian, self.name), orders)
         return torch.from_numpy(coef.sum(axis=0)).to(gramian.device)
 
     def state_dict(self) -> dict[str, Any]:

@@ -13,9 +13,12 @@ branch's 1x1-conv attention mask (conv-BN-ReLU-conv-BN-sigmoid) of [first conv o
 branch output] multiplies the stage's last conv output; a shared 3x3 conv block maps it to the next
 width, and 2x2 max-pooling follows. The decoder branch upsamples bilinearly, applies a shared conv
 block, computes the mask from [unpooled shared features, branch features] and multiplies the stage's
-last decoder output. As in the official code, the attention modules count as shared parameters
-(every parameter outside the task heads), so per-task gradients are taken w.r.t. them too (task i's
-gradient w.r.t. task j's attention is zero).
+last decoder output. Task i's attention masks are task i's parameters (``trunk_task_parameters``):
+only its output depends on them, so they get the plain gradient of L_i like its head, and the shared
+parameters (per-task gradients, COST's adapters, PaLoRA's adapters) are the SegNet backbone plus the
+conv blocks every branch runs through. The official MTAN/COST code counts the masks as shared (every
+parameter outside the prediction heads); with that, task i's gradient has zeros on task j's masks and
+COST's LoRA lands on task modules, which the COST paper does not do (Fig. 4: LoRA on the shared backbone).
 """
 
 from __future__ import annotations
@@ -157,6 +160,10 @@ class SegNetMTAN(MultiTaskModel):
 
     def forward_heads(self, z: Tensor) -> list[Tensor]:
         return [head(z[i]) for i, head in enumerate(self.heads)]
+
+    def trunk_task_parameters(self, index: int) -> list[nn.Parameter]:
+        attention = self.trunk.attention
+        return [*attention.enc_masks[index].parameters(), *attention.dec_masks[index].parameters()]
 
 
 def build_segnet(kind: str, heads: Sequence[nn.Module], task_names: Sequence[str],

@@ -122,6 +122,14 @@ class AdapterSpec:
                    str(data.get("factorization", "matrix")))
 
 
+def _stored_weight(module: nn.Module) -> Tensor:
+    """The weight parameter a module stores: under adapters (a parametrization) ``module.weight`` is
+    computed on each access, the parameter is the parametrization's ``original``."""
+    if parametrize.is_parametrized(module, "weight"):
+        return module.parametrizations.weight.original
+    return module.weight
+
+
 def select_layers(model: nn.Module, layers: str = "trunk") -> list[str]:
     """Names (relative to ``model``) of the Conv2d/Linear layers to adapt.
 
@@ -141,6 +149,12 @@ def select_layers(model: nn.Module, layers: str = "trunk") -> list[str]:
         return pattern == "" or name == pattern or name.startswith(pattern + ".")
 
     chosen = [c for c in candidates if any(under(c, p) for p in patterns)]
+    if choice == "trunk" and callable(getattr(model, "trunk_task_parameters", None)):
+        # "trunk" means the layers every task shares (MultiTaskModel.shared_parameters), never a task's own
+        # trunk modules such as SegNet-MTAN's attention masks; by ownership, not requires_grad, because
+        # Pareto expansion freezes the base model before its adapters are placed
+        own = {id(p) for i in range(len(model.heads)) for p in model.trunk_task_parameters(i)}
+        chosen = [c for c in chosen if id(_stored_weight(model.get_submodule(c))) not in own]
     unmatched = [p for p in patterns if not any(under(c, p) for c in candidates)]
     if unmatched or not chosen:
         raise InvalidParameterError(f"layers {', '.join(unmatched) or layers!r} match no Conv2d/Linear layer; "

@@ -7,7 +7,12 @@ benchmark; its objective vector is the error of each task's primary metric
 same objective the aggregate's single-point hypervolume uses. The front's hypervolume
 (Zitzler & Thiele 1999) is computed with :func:`mtlflow.scoring.hypervolume` against the benchmark's
 fixed reference point (``TaskSpec.hv_reference``), which is recorded next to every value. The paper's
-second front metric, the number of non-dominated grid points (Fig. 5b), is recorded too.
+second front metric, the number of non-dominated grid points (Fig. 5b), is recorded as the number of
+DISTINCT non-dominated objective vectors (:data:`DISTINCT_TOL`): grid points that collapse onto one point
+count once, so a front that learned nothing (every preference giving the same model) scores 1, not 11.
+The paper's third diagnostic (Figs. 12-13), the Spearman rank correlation between each task's preference
+λ_t and its error over the grid, is recorded per task (negative: more preference, less error; None where
+either side is constant).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from mtlflow.errors import InvalidParameterError
 from mtlflow.pareto.adapters import PreferenceAdapters
 
 OBJECTIVE = "error of each task's primary metric (1 - value for bounded higher-is-better metrics)"
+#: two non-dominated objective vectors closer than this in every task are one point of the front
+DISTINCT_TOL = 1e-9
 Metrics = dict[str, dict[str, float]]  # task -> metric -> value
 
 
@@ -41,18 +48,51 @@ def evaluate_front(model: nn.Module, adapters: PreferenceAdapters, bench: Any, d
     return points
 
 
+def distinct_count(vectors: Sequence[Sequence[float]], tol: float = DISTINCT_TOL) -> int:
+    """How many of ``vectors`` are distinct: a vector within ``tol`` of an earlier one in every
+    coordinate is the same point."""
+    kept: list[Sequence[float]] = []
+    for v in vectors:
+        if not any(all(abs(a - b) <= tol for a, b in zip(v, k)) for k in kept):
+            kept.append(v)
+    return len(kept)
+
+
+def preference_spearman(preferences: Sequence[Sequence[float]], errors: Sequence[Sequence[float]],
+                        tasks: Sequence[str]) -> dict[str, float | None]:
+    """Spearman's ρ between λ_t and task t's error over the grid points, per task (PaLoRA Figs. 12-13);
+    None where the preferences or the errors of that task are constant (ρ is undefined)."""
+    from scipy.stats import spearmanr
+
+    out: dict[str, float | None] = {}
+    for i, task in enumerate(tasks):
+        lam = [float(p[i]) for p in preferences]
+        err = [float(e[i]) for e in errors]
+        if len(set(lam)) < 2 or len(set(err)) < 2:
+            out[task] = None
+        else:
+            out[task] = float(spearmanr(lam, err).statistic)
+    return out
+
+
 def summarise_points(points: Sequence[Metrics], tasks: Sequence[str], primary: Mapping[str, str],
                      specs: Mapping[str, Mapping[str, Mapping[str, bool]]],
-                     reference_point: Sequence[float]) -> dict[str, Any]:
-    """Objective vectors, hypervolume and Pareto mask of one split's grid points."""
+                     reference_point: Sequence[float],
+                     preferences: Sequence[Sequence[float]] | None = None) -> dict[str, Any]:
+    """Objective vectors, hypervolume, Pareto mask, distinct non-dominated count and (given the grid's
+    ``preferences``) the preference/error Spearman correlation of one split's grid points."""
     from mtlflow.scoring import hypervolume, pareto_mask
     from mtlflow.taskmetrics import metric_error
 
     errors = [[metric_error(p[t][primary[t]], specs[t][primary[t]]["higher_is_better"],
                             specs[t][primary[t]]["unit_interval"]) for t in tasks] for p in points]
     mask = pareto_mask(errors)
-    return {"metrics": [dict(p) for p in points], "errors": errors, "hypervolume": hypervolume(errors, reference_point),
-            "non_dominated": int(sum(mask)), "pareto_mask": mask}
+    summary = {"metrics": [dict(p) for p in points], "errors": errors,
+               "hypervolume": hypervolume(errors, reference_point),
+               "non_dominated": distinct_count([e for e, keep in zip(errors, mask) if keep]), "pareto_mask": mask}
+    if preferences is not None:
+        summary["spearman"] = preference_spearman(preferences, errors, tasks)
+    return summary
 
 
 def front_record(preferences: torch.Tensor, by_split: Mapping[str, Sequence[Metrics]], tasks: Sequence[str],
@@ -62,7 +102,8 @@ def front_record(preferences: torch.Tensor, by_split: Mapping[str, Sequence[Metr
     errors, hypervolume and non-dominated count."""
     return {"preferences": [[round(float(v), 12) for v in lam] for lam in preferences],
             "reference_point": [float(v) for v in reference_point], "objective": OBJECTIVE,
-            "splits": {split: summarise_points(points, tasks, primary, specs, reference_point)
+            "splits": {split: summarise_points(points, tasks, primary, specs, reference_point,
+                                               [[float(v) for v in lam] for lam in preferences])
                        for split, points in by_split.items()}}
 
 
@@ -109,11 +150,12 @@ def aggregate_fronts(fronts: Sequence[Mapping[str, Any]], split: str, tasks: Seq
     if missing:
         raise InvalidParameterError(f"the preference front of {len(missing)} run(s) lacks the {split!r} split")
     reference_point = fronts[0]["reference_point"]
-    mean = summarise_points(_mean_points(fronts, split), tasks, primary, specs, reference_point)
+    mean = summarise_points(_mean_points(fronts, split), tasks, primary, specs, reference_point,
+                            fronts[0]["preferences"])
     per_seed = [f["splits"][split]["hypervolume"] for f in fronts]
     return {"preferences": fronts[0]["preferences"], "reference_point": reference_point, "split": split,
             "errors": mean["errors"], "metrics": mean["metrics"], "pareto_mask": mean["pareto_mask"],
-            "non_dominated": mean["non_dominated"], "hypervolume": mean["hypervolume"],
+            "non_dominated": mean["non_dominated"], "spearman": mean["spearman"], "hypervolume": mean["hypervolume"],
             "hypervolume_per_seed": per_seed, "hypervolume_seed_mean": statistics.fmean(per_seed),
             "hypervolume_seed_std": statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0}
 
@@ -193,11 +235,13 @@ def front_tables(summary: Mapping[str, Any]) -> list[tuple[str, list[str], list[
         front = row["preference_front"]
         overview.append([label, str(len(row["seeds"])), str(len(front["errors"])), f"{front['hypervolume']:.4f}",
                          f"{front['hypervolume_seed_mean']:.4f} ± {front['hypervolume_seed_std']:.4f}",
-                         f"{front['non_dominated']}/{len(front['errors'])}", f"{row['hypervolume']:.4f}",
+                         f"{front['non_dominated']}/{len(front['errors'])}",
+                         ", ".join("–" if r is None else f"{r:+.2f}" for r in front["spearman"].values()),
+                         f"{row['hypervolume']:.4f}",
                          ", ".join(front["dominates"]) or "none"])
     tables = [(f"Pareto-front methods ({summary['split']} split, hypervolume reference point {ref})",
-               ["method", "seeds", "grid points", "HV of the mean front ↑", "HV per seed ↑", "non-dominated",
-                "HV of the centre point ↑", "single-point methods it dominates"], overview)]
+               ["method", "seeds", "grid points", "HV of the mean front ↑", "HV per seed ↑",
+                "distinct non-dominated ↑", "Spearman ρ(λ_t, error_t) per task ↓", "HV of the centre point ↑", "single-point methods it dominates"], overview)]
     for label in labels:
         front = summary["methods"][label]["preference_front"]
         rows = [[", ".join(f"{v:.2f}" for v in lam)] + [f"{point[t][primary[t]]:.4f}" for t in tasks]

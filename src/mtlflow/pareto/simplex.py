@@ -33,7 +33,11 @@ from torch import Tensor
 
 from mtlflow.errors import InvalidParameterError
 
-SCHEDULES = ("annealed", "deterministic", "dirichlet", "dirichlet-annealed")
+#: ``annealed`` moves every ray on a straight line from the centre to Eq. 3's end point g_{1,Q}(λ̃) (the
+#: gradual motion of the paper's Fig. 11); ``annealed-eq3`` is Eq. 3 taken literally, under which 0^{τ/Q} = 0
+#: sends every ray with a zero component to its end point at the first step (3 tasks, M = 10: 9 of 10
+#: rays jump and the six edge rays collapse in pairs, 7 distinct rays).
+SCHEDULES = ("annealed", "annealed-eq3", "deterministic", "dirichlet", "dirichlet-annealed")
 #: floor of the annealed Dirichlet concentration p(1 − τ), which is 0 at the end of training
 MIN_CONCENTRATION = 1e-3
 #: the evaluation grid for three or more tasks is the finest even grid with at most this many points
@@ -130,7 +134,7 @@ class PreferenceSchedule:
         if self.n_rays < 1:
             raise InvalidParameterError(f"the number of rays must be >= 1, got {self.n_rays}")
         self.grid: Tensor | None = None
-        if self.kind in ("annealed", "deterministic"):
+        if self.kind in ("annealed", "annealed-eq3", "deterministic"):
             self.grid = simplex_grid(self.n_tasks, subdivisions_for(self.n_tasks, self.n_rays))
         self.rng = np.random.default_rng([self.seed, 0x9A10A])
 
@@ -142,6 +146,9 @@ class PreferenceSchedule:
         """``[M, T]`` float64 preferences for training progress ``progress`` (clamped to [0, 1])."""
         tau = min(max(float(progress), 0.0), 1.0)
         if self.kind == "annealed":
+            centre = torch.full_like(self.grid, 1.0 / self.n_tasks)
+            return (1.0 - tau) * centre + tau * anneal(self.grid, 1.0, self.temperature)
+        if self.kind == "annealed-eq3":
             return anneal(self.grid, tau, self.temperature)
         if self.kind == "deterministic":
             return anneal(self.grid, 1.0, self.temperature)

@@ -110,7 +110,7 @@ def run_ablation(data_dir: str | Path, out_dir: str | Path, method: str = "fairg
             return
         if progress:
             print(f"ablate: training {run.name}", flush=True)
-        jobs.train(data_dir, run, seed=kwargs.pop("seed"), resume=(run / "checkpoint.pt").is_file(), progress=False,
+        jobs.train(data_dir, run, seed=kwargs.pop("seed"), resume=True, progress=False,
                    **kwargs, **train_options)
 
     references = []

@@ -1,8 +1,9 @@
 """PEFT adapters on the shared trunk: inject, train, merge and unload (COST paper Fig. 4, App. B.2).
 
 The teleport works on a copy of the trainer's model: Hugging Face PEFT's LoRA (or LoHa, or OFT) is
-injected into every ``Conv2d``/``Linear`` layer whose weight is a shared parameter -- the trunk only,
-never the heads ("LoRA is only applied to the shared backbone", Fig. 4) -- with rank 5 and PEFT's
+injected into every ``Conv2d``/``Linear`` layer whose weight is a shared parameter (shared by every
+task, ``MultiTaskModel.shared_parameters``) -- never the heads nor task-specific trunk modules such as
+SegNet-MTAN's attention masks ("LoRA is only applied to the shared backbone", Fig. 4) -- with rank 5 and PEFT's
 other defaults (App. B.2). After training, ``merge_and_unload`` folds the adapters into the weights
 (no adapter module or parameter remains) and :func:`copy_shared_into` writes the merged shared
 parameters into the trainer's own parameter tensors in place, so the optimizer's state (Adam's

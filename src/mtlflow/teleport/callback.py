@@ -6,6 +6,8 @@ Per step (the trainer's callback hooks, ``mtlflow.callbacks``):
 1. ``after_gradients`` -- from the per-task gradients of the step (which the callback asks the trainer
    for through ``needs_jacobian``, also for loss-weighting base methods) the trigger rule is checked
    (:mod:`mtlflow.teleport.triggers`), subject to the delayed start E and the per-epoch cap (App. A.6).
+   The conflict and trigger telemetry is measured on every checked step of the epoch, also after the
+   cap has stopped teleports, so that the epoch's ratios (Fig. 5(a)) describe the whole epoch.
    When it fires: freeze the trunk, train PEFT adapters on L_t − γ·L_g (:mod:`.objective`), merge
    them, copy the merged weights into the trainer's parameter tensors, and ask the trainer to redo the
    step at the new point (same batch: the base method then computes its update there).
@@ -27,7 +29,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from mtlflow.callbacks import Callback, StepState
 from mtlflow.errors import InvalidParameterError
@@ -100,7 +102,9 @@ class CostTeleport(Callback):
         self.resolved = self.options.resolved()
         self.rule = RULES[self.resolved.trigger]
         self.total_teleports = 0
-        self._armed = True  # until the first epoch starts: the trainer checks at construction what we need
+        self._active = True  # until the first epoch starts: the trainer checks at construction what we need
+        #: the model's buffers (BatchNorm running statistics) before the current step's forward pass
+        self._buffers: dict[str, Tensor] | None = None
         self._epoch_step = 0
         self._pending: dict[str, Any] | None = None
         self._htr_saved: list = []
@@ -111,8 +115,9 @@ class CostTeleport(Callback):
     # -- what the trainer computes for us --------------------------------------------------------------
     @property  # type: ignore[override]
     def needs_jacobian(self) -> bool:
-        """Per-task gradients only on the steps where a teleport can happen (and on the redone step)."""
-        return self._armed and (self._pending is not None or self._epoch_step % self.resolved.check_every == 0)
+        """Per-task gradients on every checked step after the delayed start (telemetry of the whole epoch,
+        also once the cap stops teleports) and on the redone step."""
+        return self._active and (self._pending is not None or self._epoch_step % self.resolved.check_every == 0)
 
     def check(self, trainer: "Trainer") -> None:
         """Reject what COST cannot wrap, before training starts (called by the trainer's constructor)."""
@@ -140,10 +145,26 @@ class CostTeleport(Callback):
     def on_epoch_start(self, trainer: "Trainer", epoch: int) -> None:
         self._reset_epoch()
         self._epoch_step = 0
-        self._armed = epoch > self.resolved.delay_epochs and self.resolved.max_per_epoch > 0
+        self._active = epoch > self.resolved.delay_epochs and self.resolved.max_per_epoch > 0
+        self._remember_buffers(trainer)
+
+    def _remember_buffers(self, trainer: "Trainer") -> None:
+        """Keep the buffers as they are before the next step's forward pass when that step may teleport: the
+        teleported step is redone, and its discarded first forward must not update BatchNorm's running
+        statistics (one step, one update, as the base method)."""
+        may_teleport = self._active and len(self._events) < self.resolved.max_per_epoch \
+            and self._epoch_step % self.resolved.check_every == 0
+        self._buffers = {n: b.detach().clone() for n, b in trainer.model.named_buffers()} if may_teleport else None
+
+    def _restore_buffers(self, trainer: "Trainer") -> None:
+        if self._buffers is None:  # pragma: no cover - _remember_buffers ran for every step that may teleport
+            raise RuntimeError("COST: no buffers recorded before a teleporting step")
+        with torch.no_grad():
+            for name, buffer in trainer.model.named_buffers():
+                buffer.copy_(self._buffers[name])
 
     def after_gradients(self, trainer: "Trainer", state: StepState) -> bool:
-        if not self._armed or self._pending is not None or state.grads is None:
+        if not self._active or self._pending is not None or state.grads is None:
             return False
         if self._epoch_step % self.resolved.check_every != 0:
             return False
@@ -152,10 +173,11 @@ class CostTeleport(Callback):
         self._checked += 1
         self._dominated += int(dominated_conflict(stats))
         fires = self.rule(stats)
+        self._fired += int(fires)  # the trigger ratio counts the steps where the rule holds, capped or not
         self._check_seconds += time.perf_counter() - started
-        if not fires:
+        if not fires or len(self._events) >= self.resolved.max_per_epoch:
             return False
-        self._fired += 1
+        self._restore_buffers(trainer)
         self._pending = self._teleport(trainer, state, stats)
         return True
 
@@ -180,9 +202,8 @@ class CostTeleport(Callback):
             self._events.append(self._pending)
             self.total_teleports += 1
             self._pending = None
-            if len(self._events) >= self.resolved.max_per_epoch:
-                self._armed = False
         self._epoch_step += 1
+        self._remember_buffers(trainer)
 
     def on_epoch_end(self, trainer: "Trainer", record: dict[str, Any]) -> None:
         record["cost"] = epoch_summary(self._events, self._checked, self._fired, self._dominated,
@@ -213,6 +234,8 @@ class CostTeleport(Callback):
             generator = torch.Generator().manual_seed(seed)
             adapted = adapters.inject(trainer.model, shared, opts.adapter, opts.rank)
             adapted.model.train(not opts.eval_mode)
+            if not opts.eval_mode:  # BatchNorm as in training (batch statistics), dropout off: see _deterministic
+                _deterministic(adapted.model)
             batches = _Batches(trainer, state.batch, opts.batches, seed)
             problem = self._problem(trainer, adapted, batches, stats)
             steps = opts.steps if opts.passes is None else opts.passes * batches.n
@@ -275,7 +298,9 @@ class CostTeleport(Callback):
                 else:
                     overrides = {n: base[n] + eps[n] for n in eps}
                     preds = torch.func.functional_call(model, overrides, (inputs,))
-                return torch.stack(trainer._task_losses(preds, targets)).float()
+                stacked = torch.stack(trainer._task_losses(preds, targets))
+                # bf16 autocast losses are compared in float32; a float64 model keeps float64
+                return stacked if stacked.dtype == torch.float64 else stacked.float()
 
         with torch.no_grad():
             rows = [losses(b, None) for b in range(batches.n)]
@@ -302,6 +327,17 @@ class CostTeleport(Callback):
             event["cosine_to_mean_after"] = dict(zip(names, map(float, stats.cos_to_mean)))
             event["grad_norms_after"] = dict(zip(names, map(float, stats.norms)))
             event["mean_grad_norm_after"] = stats.mean_norm
+
+
+def _deterministic(model: nn.Module) -> None:
+    """Switch the stochastic layers (dropout) of a train-mode model to eval mode.
+
+    Inside a teleport L_t compares losses with their pre-teleport values and L_g compares perturbed with
+    unperturbed losses: with dropout active both measure the dropout noise (L_t at Δθ = 0 would be
+    0.002-0.04 on the Office ResNet) rather than the teleport. BatchNorm keeps its training behaviour."""
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            module.eval()
 
 
 def _min_pairwise(stats: GradientStats) -> float | None:

@@ -100,9 +100,32 @@ class TeleportTrace:
     sharpness: list[float] = field(default_factory=list)
 
 
+def adapter_objective(problem: TeleportProblem, options: CostOptions, batch: int,
+                      perturbations: list[Mapping[str, Tensor]]) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(w·L_t − γ·L_g of Eq. 11, L_t, L_g) at the adapter's current value: L_t on ``batch``, L_g on the
+    trigger batch (0) with the given perturbations ε_j (``None`` when the sharpness term is off)."""
+    losses = problem.losses(batch, None)
+    total = losses.new_zeros(())
+    target = problem.targets[batch if problem.targets.shape[0] > 1 else 0]
+    l_t = invariance_loss(losses, target)
+    if options.use_invariance:
+        total = total + options.invariance_weight * l_t
+    l_g = None
+    if options.use_sharpness:
+        base = losses if batch == 0 else problem.losses(0, None)
+        perturbed = []
+        for eps in perturbations:
+            value = problem.losses(0, eps)
+            perturbed.append(value.detach() if options.sharpness_gradient == "unperturbed-only" else value)
+        l_g = sharpness_loss(base, torch.stack(perturbed), problem.balance, options.reduction, options.radius)
+        total = total - options.gamma * l_g
+    return total, l_t, l_g
+
+
 def optimise_adapter(problem: TeleportProblem, options: CostOptions, n_steps: int, lr: float,
                      generator: torch.Generator) -> TeleportTrace:
-    """Minimise w·L_t − γ·L_g (Eq. 11) over the adapter parameters with Adam for ``n_steps`` steps.
+    """Minimise w·L_t − γ·L_g (Eq. 11, :func:`adapter_objective`) over the adapter parameters with Adam for
+    ``n_steps`` steps, with ñ fresh perturbations per step.
 
     Step s uses batch s mod B for L_t; the sharpness term always uses batch 0 (the trigger batch).
     ``options`` must be resolved (:meth:`CostOptions.resolved`).
@@ -110,25 +133,11 @@ def optimise_adapter(problem: TeleportProblem, options: CostOptions, n_steps: in
     trace = TeleportTrace()
     optimizer = torch.optim.Adam(problem.adapter_parameters, lr=lr)
     for step in range(n_steps):
-        b = step % problem.n_batches
         optimizer.zero_grad(set_to_none=True)
-        losses = problem.losses(b, None)
-        total = losses.new_zeros(())
-        target = problem.targets[b if problem.targets.shape[0] > 1 else 0]
-        l_t = invariance_loss(losses, target)
-        if options.use_invariance:
-            total = total + options.invariance_weight * l_t
-        l_g = None
-        if options.use_sharpness:
-            base = losses if b == 0 else problem.losses(0, None)
-            perturbed = []
-            for _ in range(options.perturbations):
-                eps = sample_perturbation(problem.perturbation_shapes, options.radius, options.noise, generator,
-                                          problem.dtype, problem.device)
-                value = problem.losses(0, eps)
-                perturbed.append(value.detach() if options.sharpness_gradient == "unperturbed-only" else value)
-            l_g = sharpness_loss(base, torch.stack(perturbed), problem.balance, options.reduction, options.radius)
-            total = total - options.gamma * l_g
+        perturbations = [sample_perturbation(problem.perturbation_shapes, options.radius, options.noise, generator,
+                                             problem.dtype, problem.device)
+                         for _ in range(options.perturbations)] if options.use_sharpness else []
+        total, l_t, l_g = adapter_objective(problem, options, step % problem.n_batches, perturbations)
         total.backward()
         optimizer.step()
         trace.invariance.append(float(l_t.detach()))

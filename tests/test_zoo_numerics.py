@@ -1,0 +1,349 @@
+"""The method zoo on inputs real training produces (issue 12, "Wrong results" item 9).
+
+Each test checks a value against an independent computation -- a KKT condition or fixed-point residual
+evaluated in float64, TorchJD's aggregator in float64, a primal solve with cvxpy/Clarabel in ℝ^P, a
+numpy transcription of the official code's rule, or a hand-checked case -- through the methods'
+production entry points (``combine`` / ``weights_from_gramian`` / the trainer).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from mtlflow import jobs, methods
+from mtlflow.callbacks import Callback
+from mtlflow.errors import InvalidParameterError, SolverError
+from mtlflow.methods.solvers import fairgrad_weights
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+LOW_PRECISION = [(torch.float32, 1e-4), (torch.bfloat16, 1e-2)]
+
+
+def near_duplicates(seed: int, k: int, p: int, noise: float, dtype: torch.dtype) -> torch.Tensor:
+    """K task gradients that agree to ~-log10(noise) digits, rounded to ``dtype``."""
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randn(1, p, generator=gen, dtype=torch.float64)
+    return (base + noise * torch.randn(k, p, generator=gen, dtype=torch.float64)).to(dtype)
+
+
+def combine(name: str, grads: torch.Tensor, **hparams: Any) -> tuple[torch.Tensor, methods.Method]:
+    method = methods.build(name, grads.shape[0], **hparams)
+    return method.combine(grads, torch.ones(grads.shape[0], dtype=grads.dtype)), method
+
+
+def exact_gramian(grads: torch.Tensor) -> np.ndarray:
+    """The Gramian of the (rounded) gradients, exactly enough: numpy float64."""
+    j = grads.to(torch.float64).numpy()
+    return j @ j.T
+
+
+def mean_projection_onto_dual_cone(j: np.ndarray) -> np.ndarray:
+    """(1/K) Σ_i argmin_x ‖x − g_i‖² s.t. J x ≥ 0, solved in ℝ^P with cvxpy/Clarabel (UPGrad's definition)."""
+    import cvxpy as cp
+
+    projections = []
+    for g in j:
+        x = cp.Variable(j.shape[1])
+        problem = cp.Problem(cp.Minimize(cp.sum_squares(x - g)), [j @ x >= 0])
+        problem.solve(solver="CLARABEL", tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12)
+        assert problem.status == "optimal"
+        projections.append(np.asarray(x.value))
+    return np.mean(projections, axis=0)
+
+
+# -- Gramians formed in float64 -------------------------------------------------------------------
+
+def test_float64_gramian_of_fp32_near_duplicates_is_positive_semidefinite() -> None:
+    from mtlflow.methods._numerics import gramian_float64
+
+    j = near_duplicates(0, 10, 1000, 1e-4, torch.float32)
+    fp32 = (j @ j.T).double().numpy()
+    assert np.linalg.eigvalsh(fp32).min() < -1e-9 * np.linalg.eigvalsh(fp32).max()   # the failure mode
+    g = gramian_float64(j)
+    assert g.dtype == torch.float64
+    np.testing.assert_allclose(g.numpy(), exact_gramian(j), rtol=1e-14, atol=1e-12)
+    eigenvalues = np.linalg.eigvalsh(g.numpy())
+    assert eigenvalues.min() >= -1e-14 * eigenvalues.max()
+
+
+@pytest.mark.parametrize("dtype,noise", LOW_PRECISION)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mgda_on_near_duplicate_tasks_satisfies_kkt(dtype: torch.dtype, noise: float, seed: int) -> None:
+    j = near_duplicates(seed, 10, 1000, noise, dtype)
+    _, method = combine("mgda", j)
+    w, g = method.last_weights.numpy(), exact_gramian(j)
+    # min-norm KKT: (G w)_i ≥ wᵀGw for every i, with equality on the support
+    value = float(w @ g @ w)
+    assert w.min() >= 0 and w.sum() == pytest.approx(1.0, abs=1e-12)
+    assert (g @ w).min() >= value * (1 - 1e-7)
+    np.testing.assert_allclose((g @ w)[w > 1e-9], value, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype,noise", LOW_PRECISION)
+def test_nashmtl_and_fairgrad_on_near_duplicate_tasks_solve_the_fixed_point(dtype: torch.dtype, noise: float) -> None:
+    j = near_duplicates(2, 10, 1000, noise, dtype)
+    g = exact_gramian(j)
+    _, nash = combine("nashmtl", j)
+    alpha = nash.last_weights.numpy()
+    assert nash.stationary_steps == 0
+    np.testing.assert_allclose(alpha * (g @ alpha), 1.0, atol=1e-6)          # α ⊙ GᵀGα = 1
+    _, fair = combine("fairgrad", j, alpha=2.0)
+    w = fair.last_weights.numpy()
+    np.testing.assert_allclose(g @ w, w ** -0.5, rtol=1e-8)                    # GᵀG w = w^(-1/α)
+
+
+@pytest.mark.parametrize("dtype,noise", LOW_PRECISION)
+def test_upgrad_and_alignedmtl_on_near_duplicate_tasks(dtype: torch.dtype, noise: float) -> None:
+    from torchjd.aggregation import AlignedMTLWeighting
+
+    j = near_duplicates(3, 6, 40, noise, dtype)
+    j64 = j.to(torch.float64)
+    d, _ = combine("upgrad", j)
+    np.testing.assert_allclose(d.double().numpy(), mean_projection_onto_dual_cone(j64.numpy()),
+                               rtol=float(torch.finfo(dtype).eps) * 4, atol=1e-6)
+    _, aligned = combine("alignedmtl", j)
+    reference = AlignedMTLWeighting(scale_mode="min")(j64 @ j64.T).numpy()
+    np.testing.assert_allclose(aligned.last_weights.numpy(), reference, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["mgda", "nashmtl", "upgrad", "cagrad", "fairgrad", "imtlg"])
+def test_solver_methods_accept_an_fp32_gramian_from_the_gramian_only_engine(name: str) -> None:
+    """TorchJD's autogram hands over a Gramian accumulated in the model's dtype: not PSD here."""
+    j64 = near_duplicates(4, 10, 1000, 1e-4, torch.float32).double()
+    j = near_duplicates(4, 10, 1000, 1e-4, torch.float32)
+    method = methods.build(name, 10)
+    w = method.weights_from_gramian((j @ j.T).detach(), torch.ones(10)).numpy()
+    reference = methods.build(name, 10).weights_from_gramian(j64 @ j64.T, torch.ones(10)).numpy()
+    jd = j.double().numpy()
+    d, d_ref = w @ jd, reference @ jd
+    # the fp32 Gramian's rounding error (~1e-7·λmax) bounds the agreement of the directions
+    assert 1 - d @ d_ref / (np.linalg.norm(d) * np.linalg.norm(d_ref)) < 1e-6
+
+
+# -- IMTL-G ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,noise", [(torch.float32, 1e-4), (torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("k", [3, 10])
+def test_imtlg_on_near_duplicate_tasks_matches_torchjd_in_float64(dtype: torch.dtype, noise: float, k: int) -> None:
+    from torchjd.aggregation import IMTLG
+
+    for seed in range(4):
+        j = near_duplicates(seed, k, 1000, noise, dtype)
+        _, method = combine("imtlg", j)
+        j64 = j.to(torch.float64)
+        reference = IMTLG()(j64).numpy()
+        # near-duplicate tasks leave the weights ill-conditioned (cond(G) ~ 1e9); the direction is not
+        d = method.last_weights.numpy() @ j64.numpy()
+        np.testing.assert_allclose(d, reference, rtol=1e-7, atol=1e-7 * np.linalg.norm(reference))
+        assert abs(method.last_weights.sum().item() - 1) < 1e-12
+        units = j64.numpy() / np.linalg.norm(j64.numpy(), axis=1, keepdims=True)
+        np.testing.assert_allclose(units @ d, np.mean(units @ d), rtol=1e-9)   # equal projections
+
+
+def test_imtlg_exactly_opposite_gradients_give_zero_update() -> None:
+    # g2 = -g1: Σα = 1 and d·u1 = d·u2 = -d·u1 force d = 0, i.e. α = (1/2, 1/2) (hand-checked)
+    j = torch.tensor([[1.0, 2.0, -1.0], [-1.0, -2.0, 1.0]], dtype=torch.float64)
+    d, method = combine("imtlg", j)
+    np.testing.assert_allclose(method.last_weights.numpy(), [0.5, 0.5], atol=1e-12)
+    np.testing.assert_allclose(d.numpy(), 0.0, atol=1e-12)
+
+
+def test_imtlg_with_an_inf_entry_raises_one_clear_error(capfd: pytest.CaptureFixture[str]) -> None:
+    from mtlflow.errors import NonFiniteValueError
+
+    j = torch.tensor([[1.0, float("inf")], [0.5, 1.0]], dtype=torch.float32)
+    with pytest.raises(NonFiniteValueError, match="imtlg: the task-gradient Gramian contains NaN or Inf"):
+        combine("imtlg", j)
+    captured = capfd.readouterr()
+    assert "LAPACK" not in captured.out + captured.err and "DLASCL" not in captured.out + captured.err
+
+
+# -- FairGrad -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("grads,expected_weights", [
+    ([[1.0, 2.0, 0.0], [0.0, 0.0, 0.0]], [0.0, 1.0]),             # a zero gradient: 0 in the hull
+    ([[1.0, 2.0, 0.0], [-2.0, -4.0, 0.0]], [2 / 3, 1 / 3]),        # anti-parallel: 2/3·g1 + 1/3·g2 = 0
+])
+def test_fairgrad_pareto_stationary_inputs_give_the_zero_min_norm_update(grads: list, expected_weights: list) -> None:
+    j = torch.tensor(grads, dtype=torch.float64)
+    d, method = combine("fairgrad", j)
+    np.testing.assert_allclose(method.last_weights.numpy(), expected_weights, atol=1e-8)
+    np.testing.assert_allclose(d.numpy(), 0.0, atol=1e-8)
+    assert method.stationary_steps == 1 and method.last_residual is None
+    with pytest.raises(SolverError, match="residual"):       # the solver itself never returns a non-solution
+        fairgrad_weights(j @ j.T, 1.0)
+
+
+def test_fairgrad_all_zero_jacobian_gives_zero_update() -> None:
+    d, method = combine("fairgrad", torch.zeros(3, 5, dtype=torch.float64))
+    assert d.abs().max() == 0 and method.last_weights.abs().max() == 0
+
+
+def test_fairgrad_every_accepted_solve_has_a_small_residual() -> None:
+    rng = np.random.default_rng(7)
+    for trial in range(60):
+        k = int(rng.integers(2, 7))
+        j = rng.standard_normal((k, 12)) * np.exp(rng.uniform(-3, 3, size=(k, 1)))
+        j[1] = -0.5 * j[0] + 10 ** rng.uniform(-6, -1) * rng.standard_normal(12)   # near the front
+        alpha = [0.5, 1.0, 2.0][trial % 3]
+        _, method = combine("fairgrad", torch.from_numpy(j), alpha=alpha)
+        if method.last_residual is None:
+            continue
+        w, g = method.last_weights.numpy(), j @ j.T
+        assert np.max(np.abs(g @ w - w ** (-1 / alpha)) / w ** (-1 / alpha)) <= 1e-4
+
+
+# -- UPGrad ---------------------------------------------------------------------------------------
+
+def imbalanced_jacobian() -> np.ndarray:
+    """Three tasks with gradient norms 0.71, 2.2 and 3e-4: the worst case for the ridge among 3,000
+    random draws (P in [3, 20), third norm scaled by 10^U(-4, 0))."""
+    rng = np.random.default_rng(0)
+    for trial in range(1508):
+        p = int(rng.integers(3, 20))
+        j = rng.standard_normal((3, p))
+        j[2] *= 10 ** rng.uniform(-4, 0)
+    return j
+
+
+def min_cosine(j: np.ndarray, d: np.ndarray) -> float:
+    return float(np.min(j @ d / np.linalg.norm(j, axis=1) / np.linalg.norm(d)))
+
+
+def test_upgrad_never_conflicts_with_a_small_task() -> None:
+    j = imbalanced_jacobian()
+    assert np.linalg.norm(j, axis=1)[2] < 1e-3 * np.linalg.norm(j, axis=1)[:2].min()
+    d, _ = combine("upgrad", torch.from_numpy(j))
+    assert min_cosine(j, d.numpy()) >= -1e-9
+    np.testing.assert_allclose(d.numpy(), mean_projection_onto_dual_cone(j), rtol=1e-6, atol=1e-9)
+    # the trade-off documented in upgrad.py: TorchJD's ridge conflicts with the small task
+    ridged, _ = combine("upgrad", torch.from_numpy(j), solver="quadprog")
+    assert min_cosine(j, ridged.numpy()) == pytest.approx(-0.964, abs=1e-3)
+
+
+def test_upgrad_survives_a_duplicate_task() -> None:
+    rng = np.random.default_rng(1)
+    j = rng.standard_normal((4, 10))
+    j[3] = j[0]
+    d, _ = combine("upgrad", torch.from_numpy(j))
+    np.testing.assert_allclose(d.numpy(), mean_projection_onto_dual_cone(j), rtol=1e-6, atol=1e-9)
+    with pytest.raises(SolverError, match="solver=nnls"):
+        combine("upgrad", torch.from_numpy(j), solver="quadprog", reg_eps=0.0)
+
+
+# -- scale convention -------------------------------------------------------------------------------
+
+def test_loss_weights_summing_to_one_follow_the_mean_scale_rule() -> None:
+    losses = torch.tensor([0.5, 2.0, 1.0], dtype=torch.float64)
+    for name in ("rlw", "famo"):
+        method = methods.build(name, 3)
+        assert float(method.weights(losses).sum()) == pytest.approx(1.0)
+        assert method.natural_scale == "mean"
+        assert methods.build(name, 3, scale_convention="reference").natural_scale == "sum"
+    dwa = methods.build("dwa", 3)
+    assert float(dwa.weights(losses).sum()) == pytest.approx(3.0) and dwa.natural_scale == "sum"
+    assert methods.build("mgda", 3, scale_convention="reference").natural_scale == "mean"  # its code: ×K too
+    with pytest.raises(InvalidParameterError, match="scale_convention"):
+        methods.build("rlw", 3, scale_convention="K")
+
+
+@pytest.mark.parametrize("name", ["rlw", "famo"])
+def test_trainer_applies_the_scale_convention(name: str, tmp_path: Path) -> None:
+    data = tmp_path / "toy"
+    jobs.prepare("toy", data, start=1, steps_per_epoch=1)
+    hparams = {"min_losses": [-2.1, -21.0]} if name == "famo" else {}
+    moved = {}
+    for convention in ("sum", "reference"):
+        jobs.train(data, tmp_path / convention, method=name, epochs=1, lr=1e-3, optimizer="sgd", momentum=0.0,
+                   hparams={**hparams, "scale_convention": convention}, progress=False)
+        after = torch.load(tmp_path / convention / "model.pt", weights_only=False)["state_dict"]
+        moved[convention] = torch.cat([v.reshape(-1).double() for v in after.values()])
+    start = torch.tensor([0.0, 0.0], dtype=torch.float64)     # START_POINTS[1]
+    # one SGD step: the rule multiplies the reference's Σ w_i ∇L_i by K = 2
+    torch.testing.assert_close(moved["sum"] - start, 2 * (moved["reference"] - start), rtol=1e-6, atol=0)
+
+
+# -- small items ----------------------------------------------------------------------------------
+
+def official_dwa_weights(stream: list[np.ndarray], window: int, temperature: float) -> list[np.ndarray]:
+    """The Nash-MTL code's DWA rule, transcribed: FIFO buffer of 2·window losses padded with ones, the
+    current loss pushed first, weights recomputed once more than ``window`` steps have run."""
+    k = len(stream[0])
+    costs, weights, out = np.ones((2 * window, k)), np.ones(k), []
+    for step, cost in enumerate(stream):
+        costs[:-1], costs[-1] = costs[1:].copy(), cost
+        if step > window:
+            ratio = costs[window:].mean(0) / costs[:window].mean(0)
+            weights = k * np.exp(ratio / temperature) / np.exp(ratio / temperature).sum()
+        out.append(weights.copy())
+    return out
+
+
+def test_dwa_iteration_window_matches_the_official_code_once_the_buffer_is_full() -> None:
+    window, temperature = 3, 2.0
+    rng = np.random.default_rng(3)
+    stream = [np.abs(rng.standard_normal(3)) + 0.1 for _ in range(20)]
+    dwa = methods.build("dwa", 3, window="iterations", iteration_window=window, temperature=temperature)
+    official = official_dwa_weights(stream, window, temperature)
+    for step, losses in enumerate(stream):
+        dwa.objective(torch.tensor(losses, dtype=torch.float64))
+        if step >= 2 * window - 1:      # from here the official buffer holds real losses only
+            np.testing.assert_allclose(dwa.last_weights.numpy(), official[step], rtol=1e-12)
+
+
+def test_nashmtl_max_norm_clips_only_the_shared_parameters(multimnist_small: Path, tmp_path: Path) -> None:
+    class Recorder(Callback):
+        def __init__(self) -> None:
+            self.shared: list[float] = []
+            self.heads: list[torch.Tensor] = []
+
+        def before_optimizer_step(self, trainer: Any, state: Any) -> None:
+            self.shared.append(float(torch.cat([p.grad.reshape(-1) for p in trainer.shared]).norm()))
+            self.heads.append(torch.cat([p.grad.reshape(-1) for ps in trainer.task_params for p in ps]).clone())
+
+    runs = {}
+    for max_norm in (0.0, 1e-3):
+        recorder = Recorder()
+        jobs.train(multimnist_small, tmp_path / str(max_norm), method="nashmtl", epochs=1, batch_size=32,
+                   max_steps_per_epoch=1, hparams={"max_norm": max_norm}, callbacks=[recorder], progress=False)
+        runs[max_norm] = recorder
+    assert runs[0.0].shared[0] > 1e-3
+    assert runs[1e-3].shared[0] == pytest.approx(1e-3, rel=1e-5)
+    torch.testing.assert_close(runs[1e-3].heads[0], runs[0.0].heads[0], rtol=0, atol=0)   # heads untouched
+
+
+@pytest.mark.parametrize("name,hparams,fragment", [
+    ("dbmtl", {"beta": 1.0}, "beta"),
+    ("famo", {"min_losses": [True, False]}, "min_losses"),
+])
+def test_degenerate_hyper_parameters_are_rejected(name: str, hparams: dict, fragment: str) -> None:
+    with pytest.raises(InvalidParameterError, match=fragment):
+        methods.build(name, 2, **hparams)
+
+
+def test_moco_weights_do_not_depend_on_the_gradient_scale() -> None:
+    from scipy.optimize import minimize
+
+    gen = torch.Generator().manual_seed(0)
+    unit = torch.randn(3, 20, generator=gen, dtype=torch.float64)
+    unit = unit / unit.norm(dim=1, keepdim=True)
+    g = (unit @ unit.T).numpy()
+    constraint = {"type": "eq", "fun": lambda w: w.sum() - 1}
+    mgda = minimize(lambda w: w @ g @ w, np.full(3, 1 / 3), jac=lambda w: 2 * g @ w, bounds=[(0, 1)] * 3,
+                    constraints=[constraint], method="SLSQP", options={"ftol": 1e-15}).x
+    trajectories = {}
+    for norm in (0.1, 1.0, 10.0):
+        method = methods.build("moco", 3)
+        lambdas = []
+        for _ in range(2000):
+            method.combine(norm * unit, torch.ones(3, dtype=torch.float64))
+            lambdas.append(method.last_weights.clone())
+        trajectories[norm] = torch.stack(lambdas)
+        np.testing.assert_allclose(method.last_weights.numpy(), mgda, atol=1e-4)
+    torch.testing.assert_close(trajectories[0.1], trajectories[10.0], rtol=0, atol=1e-12)

@@ -1,0 +1,207 @@
+"""Mutation testing of the numerical core: run mutmut, then write the per-folder report.
+
+    python tools/mutation.py run [--max-children N] [--stop-after SECONDS] [--retry-undetected]
+                                 [--only FOLDER,...]
+    python tools/mutation.py report
+
+Run from the repository root (mutmut reads ``[tool.mutmut]`` in pyproject.toml and works in
+``mutants/``). ``run`` resumes: mutants that already have a result keep it, so a run stopped by
+``--stop-after`` (or Ctrl-C) continues where it stopped, and a run after a source change retests only
+the mutants of the functions that changed; ``--retry-undetected`` also retests every mutant that
+survived or had no test, so that tests added since count; ``--only`` limits the run to some folders
+(their mutants without a result, by name). ``report`` writes
+``mutants/mutation-report.md`` (killed / survived / ... and % killed for each folder) and
+``mutants/mutation-survivors.txt`` (the diff of every mutant no test killed), prints the table and
+exits 1 when a folder is below the target or mutants are still unchecked.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+TARGET_PERCENT = 85.0
+PACKAGE = Path("src/mtlflow")
+# The folders the target applies to, each with the source files it covers.
+FOLDERS = {
+    "methods": PACKAGE / "methods",
+    "teleport": PACKAGE / "teleport",
+    "pareto": PACKAGE / "pareto",
+    "grad_engine": PACKAGE / "grad_engine",
+    "scoring": PACKAGE / "scoring.py",
+}
+# mutmut's statuses, as its stats module names them, sorted into detected / not detected. A mutant
+# that makes the tests time out or crash the interpreter is detected; one that no test calls
+# ("no tests") is not.
+DETECTED = {"killed", "timeout", "segfault", "caught by type check"}
+UNDETECTED = {"survived", "no tests", "suspicious"}
+COLUMNS = ["killed", "timeout", "segfault", "survived", "no tests", "suspicious", "skipped", "not checked"]
+
+
+def folder_of(source: Path) -> str | None:
+    for name, root in FOLDERS.items():
+        if source == root or root in source.parents:
+            return name
+    return None
+
+
+def load_results(mutants_dir: Path) -> dict[str, dict[str, tuple[Path, int | None]]]:
+    """{folder: {mutant name: (source path, exit code)}} from mutmut's ``*.py.meta`` files."""
+    results: dict[str, dict[str, tuple[Path, int | None]]] = {name: {} for name in FOLDERS}
+    for meta in sorted(mutants_dir.rglob("*.py.meta")):
+        source = meta.relative_to(mutants_dir).with_suffix("")
+        folder = folder_of(source)
+        if folder is None:
+            continue
+        for mutant, exit_code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            results[folder][mutant] = (source, exit_code)
+    return results
+
+
+def summarise(results: dict[str, dict[str, tuple[Path, int | None]]]) -> tuple[str, list[str]]:
+    """The Markdown table and the list of problems (folders below target, unchecked mutants)."""
+    from mutmut.stats import status_by_exit_code
+
+    lines = ["| folder | mutants | " + " | ".join(COLUMNS) + " | % killed | % killed, timeouts not counted |",
+             "| --- " * (len(COLUMNS) + 4) + "|"]
+    problems = []
+    for folder, mutants in results.items():
+        counts = Counter(status_by_exit_code[code] for _, code in mutants.values())
+        detected = sum(counts[s] for s in DETECTED)
+        judged = detected + sum(counts[s] for s in UNDETECTED)
+        percent = 100.0 * detected / judged if judged else float("nan")
+        # a mutant can time out because it slows a test down, not only because it loops: shown apart
+        strict = 100.0 * (detected - counts["timeout"]) / judged if judged else float("nan")
+        lines.append(f"| {folder} | {len(mutants)} | " + " | ".join(str(counts[c]) for c in COLUMNS)
+                     + f" | {percent:.1f} | {strict:.1f} |")
+        if not mutants:
+            problems.append(f"{folder}: no mutants found (was `mutmut run` started from the repository root?)")
+        elif counts["not checked"]:
+            problems.append(f"{folder}: {counts['not checked']} mutants not checked yet (rerun to continue)")
+        if judged and percent < TARGET_PERCENT:
+            problems.append(f"{folder}: {percent:.1f} % killed, below the {TARGET_PERCENT:.0f} % target")
+    return "\n".join(lines), problems
+
+
+def write_survivors(results: dict[str, dict[str, tuple[Path, int | None]]], out: Path) -> int:
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+    from mutmut.stats import status_by_exit_code
+
+    count = 0
+    with out.open("w") as f:
+        for folder, mutants in results.items():
+            for mutant, (source, code) in sorted(mutants.items()):
+                status = status_by_exit_code[code]
+                if status not in UNDETECTED:
+                    continue
+                count += 1
+                f.write(f"## {folder} :: {mutant} ({status})\n")
+                try:
+                    f.write(get_diff_for_mutant(mutant, path=source) + "\n\n")
+                except Exception as error:  # a diff that cannot be rebuilt must not hide the others
+                    f.write(f"(diff unavailable: {error})\n\n")
+    return count
+
+
+def report(mutants_dir: Path) -> int:
+    results = load_results(mutants_dir)
+    table, problems = summarise(results)
+    (mutants_dir / "mutation-report.md").write_text(
+        f"Mutation testing of the numerical core (target {TARGET_PERCENT:.0f} % killed per folder; "
+        "% killed = (killed + timeout + segfault) / (those + survived + no tests + suspicious)).\n\n"
+        + table + "\n")
+    survivors = write_survivors(results, mutants_dir / "mutation-survivors.txt")
+    print(table)
+    print(f"{survivors} undetected mutants listed in {mutants_dir / 'mutation-survivors.txt'}")
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    return 1 if problems else 0
+
+
+def forget_undetected(mutants_dir: Path, folders: list[str]) -> int:
+    """Clear the results of the undetected mutants of ``folders`` so that ``mutmut run`` tests them again."""
+    from mutmut.stats import status_by_exit_code
+
+    forgotten = 0
+    for meta_path in mutants_dir.rglob("*.py.meta"):
+        if folder_of(meta_path.relative_to(mutants_dir).with_suffix("")) not in folders:
+            continue
+        meta = json.loads(meta_path.read_text())
+        codes = meta["exit_code_by_key"]
+        for mutant, code in codes.items():
+            if code is not None and status_by_exit_code[code] in UNDETECTED:
+                codes[mutant] = None
+                forgotten += 1
+        meta_path.write_text(json.dumps(meta, indent=4))
+    return forgotten
+
+
+def pending_in(folders: list[str], mutants_dir: Path) -> list[str]:
+    """Names of the mutants of ``folders`` that have no result yet; a module pattern per folder when
+    no earlier run left results to read the names from."""
+    results = load_results(mutants_dir)
+    names = [name for folder in folders for name, (_, code) in results[folder].items() if code is None]
+    unknown = [folder for folder in folders if not results[folder]]
+    return names + [f"mtlflow.{folder}.*" if folder != "scoring" else "mtlflow.scoring.*" for folder in unknown]
+
+
+def run(max_children: int, stop_after: float | None, retry_undetected: bool, only: list[str]) -> int:
+    if retry_undetected:
+        print(f"retesting {forget_undetected(Path('mutants'), only or list(FOLDERS))} undetected mutants")
+    names: list[str] = []
+    if only:
+        names = pending_in(only, Path("mutants"))
+        if not names:
+            print(f"nothing left to test in {', '.join(only)}")
+            return report(Path("mutants"))
+    # One thread per worker: the workers already fill the cores, and torch's pools must not oversubscribe.
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    process = subprocess.Popen([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *names],
+                               env=env)
+    try:
+        process.wait(timeout=stop_after)
+    except subprocess.TimeoutExpired:
+        # mutmut saves each result as it comes; SIGINT makes it stop its workers and exit cleanly.
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        print(f"stopped after {stop_after:.0f} s; run again to continue", file=sys.stderr)
+    return report(Path("mutants"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_parser = sub.add_parser("run", help="run (or resume) mutmut, then report")
+    run_parser.add_argument("--max-children", type=int, default=os.cpu_count() or 1,
+                            help="parallel mutant workers (default: all cores)")
+    run_parser.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                            help="stop mutmut after this long, keeping the results so far")
+    run_parser.add_argument("--retry-undetected", action="store_true",
+                            help="retest the mutants that survived or had no test in earlier runs")
+    run_parser.add_argument("--only", type=lambda v: v.split(","), default=[], metavar="FOLDER,...",
+                            help=f"test only these of {', '.join(FOLDERS)}")
+    sub.add_parser("report", help="write the report of the results so far")
+    args = parser.parse_args(argv)
+    if not Path("pyproject.toml").is_file():
+        print("error: run tools/mutation.py from the repository root (pyproject.toml not found)", file=sys.stderr)
+        return 2
+    if args.command == "run":
+        unknown = sorted(set(args.only) - set(FOLDERS))
+        if unknown:
+            print(f"error: unknown folder {', '.join(unknown)}; choose from {', '.join(FOLDERS)}", file=sys.stderr)
+            return 2
+        return run(args.max_children, args.stop_after, args.retry_undetected, args.only)
+    return report(Path("mutants"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
