@@ -32,11 +32,13 @@ TOY_MIN_LOSSES = [-21.0 * 0.1, -21.0]
 MULTIMNIST_HPARAMS: dict[str, dict[str, Any]] = {
     "stch": {"warmup_epochs": 0},
     "dwa": {"window": "iterations", "iteration_window": 2},
-    # the annealed schedule follows the progress through the planned run, which extending a 1-epoch
-    # run to 2 epochs changes (as it would a cosine learning-rate schedule); a resume that keeps the
-    # planned epochs (kill and rerun) sees the same schedule
+    # the annealed schedule follows the progress through the horizon planned at the run's start, which
+    # a resume keeps (extending a 1-epoch run to 2 epochs does not re-plan it); a 2-epoch run in one go
+    # plans another horizon, so only the deterministic rays are the same in both
     "palora": {"schedule": "deterministic"},
 }
+#: method state that records the run's plan, not its progress (kept across a resume by design)
+PLANNED_STATE = {"palora": {"total_steps"}}
 #: methods that need layers to adapt: the toy model is the point itself
 TOY_INAPPLICABLE = {"palora": "its adapters go on Conv2d/Linear layers; the toy model has none"}
 RUN = {"batch_size": 32, "max_steps_per_epoch": 3, "progress": False}
@@ -121,4 +123,6 @@ def test_method_trains_on_multimnist_and_resumes_exactly(name: str, multimnist_s
         assert ea.get("method_weights_mean") == eb.get("method_weights_mean")
     ckpt_a = torch.load(straight / "checkpoint.pt", weights_only=False)
     ckpt_b = torch.load(resumed / "checkpoint.pt", weights_only=False)
-    assert_same(ckpt_a["method"], ckpt_b["method"], name)
+    planned = PLANNED_STATE.get(name, set())
+    assert_same({k: v for k, v in ckpt_a["method"].items() if k not in planned},
+                {k: v for k, v in ckpt_b["method"].items() if k not in planned}, name)
