@@ -281,19 +281,29 @@ def test_a_failed_overwrite_leaves_no_old_result_and_a_divergence_exits_4(multim
                                                                           tmp_path: Path) -> None:
     run = tmp_path / "run"
     assert run_cli(*mm_train(multimnist_tiny, run, "--epochs", "1")).returncode == 0
-    old_metrics = (run / "metrics.json").read_bytes()
-    # FairGrad at lr 1e8: the losses stay finite one step longer than the Gramian of the gradients
+    # FairGrad at lr 1e8 diverges in its second epoch, after the first epoch's metrics were written
     proc = run_cli(*mm_train(multimnist_tiny, run, "--epochs", "2", "--overwrite", "--method", "fairgrad",
                              "--optimizer", "sgd", "--lr", "1e8"))
     assert proc.returncode == 4, proc.stderr
-    # the divergence is caught by the solver or the loss check, whichever sees it first: exit 4 either way
+    # the divergence is caught by the loss check or the solver, whichever sees it first: exit 4 either way
     assert len(stderr_lines(proc)) == 1 and ("NaN or Inf" in proc.stderr or "non-finite" in proc.stderr)
     assert json.loads((run / "run.json").read_text())["status"] == "failed"
-    # no result of the old run is left: no model, and metrics (if any) are the failed run's own epochs
+    # no result of the old (LS) run is left: no model, and metrics only if they are the failed FairGrad
+    # run's own completed epochs
     assert not (run / "model.pt").exists()
-    assert not (run / "metrics.json").exists() or (run / "metrics.json").read_bytes() != old_metrics
+    assert not (run / "metrics.json").exists() or json.loads((run / "metrics.json").read_text())["method"] == "fairgrad"
     proc = run_cli("evaluate", str(run), "--data", str(multimnist_tiny))
     assert proc.returncode == 3 and "did not complete" in proc.stderr
+
+
+def test_a_non_finite_gramian_in_fairgrads_solver_exits_4_like_any_non_finite_value() -> None:
+    from mtlflow import methods
+    from mtlflow.errors import NonFiniteValueError
+
+    grads = torch.tensor([[1.0, float("nan")], [0.5, 1.0]])
+    with pytest.raises(NonFiniteValueError, match="NaN or Inf") as caught:
+        methods.build("fairgrad", 2).combine(grads, torch.ones(2))
+    assert caught.value.exit_code == 4
 
 
 def test_sigterm_records_interrupted_keeps_the_checkpoint_and_resumes(multimnist_tiny: Path, tmp_path: Path) -> None:
