@@ -43,7 +43,7 @@ COPY requirements.txt constraints.txt ./
 RUN --mount=type=bind,source=wheels,target=/tmp/wheels \
     pip install ${PIP_OPTIONS} -r requirements.txt -c constraints.txt
 
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY src ./src
 COPY components ./components
 COPY pipelines ./pipelines

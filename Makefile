@@ -9,9 +9,9 @@ export DVC_NO_ANALYTICS := 1
 .PHONY: install demo test test-deps compile clean image image-push mutation
 
 # pip only: it is the one installer that sees the machine's local wheel cache (torch is a 5.5 GB CUDA build).
-$(STAMP): requirements.txt constraints.txt pyproject.toml
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --disable-pip-version-check -qq -r requirements.txt -c constraints.txt
+	$(PY) -m pip install --disable-pip-version-check -qq -r requirements.txt -r requirements-dev.txt -c constraints.txt
 	$(PY) -m pip install --disable-pip-version-check -q --no-deps -e .
 	touch $(STAMP)
 

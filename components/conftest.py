@@ -17,7 +17,7 @@ TINY = {"n_train": 200, "n_val": 64, "n_test": 64}
 def tiny_dataset(tmp_path_factory):
     from kfp import dsl
 
-    from components.prepare_data.component import prepare_data
+    from mtlflow.components.prepare_data.component import prepare_data
 
     data = dsl.Dataset(uri=str(tmp_path_factory.mktemp("artifacts") / "data"))
     tasks = prepare_data.python_func(benchmark="multimnist", options=dict(TINY), data=data)
@@ -36,7 +36,7 @@ def train_artifacts(root, name):
 @pytest.fixture(scope="session")
 def tiny_runs(tiny_dataset, tmp_path_factory):
     """Two method runs and two single-task references trained through the train component."""
-    from components.train.component import train
+    from mtlflow.components.train.component import train
 
     data, tasks = tiny_dataset
     root = tmp_path_factory.mktemp("runs")

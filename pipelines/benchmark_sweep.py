@@ -15,14 +15,14 @@ from typing import List
 
 from kfp import dsl
 
-from components.aggregate.component import aggregate
-from components.evaluate.component import evaluate
-from components.plan_runs.component import plan_references, plan_runs
-from components.prepare_data.component import prepare_data
-from components.record_status.component import record_status
-from components.train.component import train
-from mtlflow.storage import CLUSTER_ROOT, StorageLayout
-from pipelines import cluster
+from mtlflow.components.aggregate.component import aggregate
+from mtlflow.components.evaluate.component import evaluate
+from mtlflow.components.plan_runs.component import plan_references, plan_runs
+from mtlflow.components.prepare_data.component import prepare_data
+from mtlflow.components.record_status.component import record_status
+from mtlflow.components.train.component import train
+from mtlflow.ops.storage import CLUSTER_ROOT, StorageLayout
+from mtlflow.pipelines import cluster
 
 DEFAULT_METHODS = ["ls", "mgda", "famo", "fairgrad"]
 #: concurrent training tasks per loop on the cluster (a compile-time constant in KFP)

@@ -7,8 +7,8 @@ Secret names match ``k8s/base``.
 
 from kfp import dsl, kubernetes
 
-from mtlflow.k8s_jobs import GPU, GPU_NODE_SELECTOR, GPU_TOLERATIONS
-from mtlflow.storage import StorageLayout
+from mtlflow.ops.k8s_jobs import GPU, GPU_NODE_SELECTOR, GPU_TOLERATIONS
+from mtlflow.ops.storage import StorageLayout
 
 #: Secret with the DVC remote URL and S3/MinIO credentials (template: k8s/base/secret-dvc-remote.template.yaml)
 DVC_SECRET = "mtlflow-dvc-remote"

@@ -8,19 +8,19 @@ project image with ``torchrun -m mtlflow train ... --resume`` on the PVCs of ``k
 takes its topology from the ``PET_*`` variables the operator sets (Kubeflow Trainer's torch runtime;
 for PyTorchJob a training-operator release that sets ``PET_MASTER_ADDR``), each process trains on its
 GPU (``LOCAL_RANK``, NCCL) and its shard of every global batch of ``num_nodes x gpus_per_node x
-train_options.batch_size`` samples (:mod:`mtlflow.distributed`), and rank 0 writes the run directory
+train_options.batch_size`` samples (:mod:`mtlflow.engine.distributed`), and rank 0 writes the run directory
 on the checkpoints volume.
 """
 
 from kfp import dsl
 
-from components.evaluate.component import evaluate
-from components.image import IMAGE
-from components.launch_trainjob.component import launch_trainjob
-from components.plan_runs.component import plan_run
-from mtlflow.storage import CLUSTER_ROOT, StorageLayout
-from pipelines import cluster
-from pipelines.benchmark_sweep import PARALLELISM, status_handler, versioned_data
+from mtlflow.components.evaluate.component import evaluate
+from mtlflow.components.image import IMAGE
+from mtlflow.components.launch_trainjob.component import launch_trainjob
+from mtlflow.components.plan_runs.component import plan_run
+from mtlflow.ops.storage import CLUSTER_ROOT, StorageLayout
+from mtlflow.pipelines import cluster
+from mtlflow.pipelines.benchmark_sweep import PARALLELISM, status_handler, versioned_data
 
 
 def build_distributed_train(parallelism: int = PARALLELISM, storage_root: str = CLUSTER_ROOT):

@@ -12,12 +12,12 @@ on the models PVC on the cluster). ``promote`` re-checks the comparison under th
 
 from kfp import dsl
 
-from components.evaluate.component import evaluate
-from components.plan_runs.component import plan_run
-from components.promote.component import compare_to_champion, promote
-from mtlflow.storage import CLUSTER_ROOT, StorageLayout
-from pipelines import cluster
-from pipelines.benchmark_sweep import PARALLELISM, status_handler, training, versioned_data
+from mtlflow.components.evaluate.component import evaluate
+from mtlflow.components.plan_runs.component import plan_run
+from mtlflow.components.promote.component import compare_to_champion, promote
+from mtlflow.ops.storage import CLUSTER_ROOT, StorageLayout
+from mtlflow.pipelines import cluster
+from mtlflow.pipelines.benchmark_sweep import PARALLELISM, status_handler, training, versioned_data
 
 
 def build_retrain(parallelism: int = PARALLELISM, storage_root: str = CLUSTER_ROOT):

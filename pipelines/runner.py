@@ -18,8 +18,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from mtlflow import atomic
-from mtlflow.errors import InvalidParameterError, UnknownNameError
+from mtlflow.core import atomic
+from mtlflow.core.errors import InvalidParameterError, UnknownNameError
 
 ALIASES = {"main": "benchmark_sweep"}
 #: pipelines that kfp.local can run (distributed_train creates Kubernetes objects)
@@ -28,9 +28,9 @@ LOCAL_PIPELINES = ("benchmark_sweep", "retrain")
 
 def pipeline_factories() -> dict[str, Callable[..., Callable]]:
     """Name -> factory ``(parallelism, storage_root)`` building the pipeline."""
-    from pipelines.benchmark_sweep import build_benchmark_sweep
-    from pipelines.distributed_train import build_distributed_train
-    from pipelines.retrain import build_retrain
+    from mtlflow.pipelines.benchmark_sweep import build_benchmark_sweep
+    from mtlflow.pipelines.distributed_train import build_distributed_train
+    from mtlflow.pipelines.retrain import build_retrain
 
     return {"benchmark_sweep": build_benchmark_sweep, "retrain": build_retrain,
             "distributed_train": build_distributed_train}
@@ -50,8 +50,8 @@ def pipelines() -> dict[str, Callable]:
 
 
 def get_pipeline(name: str, parallelism: int | None = None, storage_root: str | None = None) -> Callable:
-    from pipelines.benchmark_sweep import PARALLELISM
-    from mtlflow.storage import CLUSTER_ROOT
+    from mtlflow.ops.storage import CLUSTER_ROOT
+    from mtlflow.pipelines.benchmark_sweep import PARALLELISM
 
     factory = pipeline_factories()[canonical_name(name)]
     return factory(parallelism or PARALLELISM, storage_root or CLUSTER_ROOT)
@@ -89,9 +89,10 @@ def validate_params(pipeline: str, params: Mapping[str, Any]) -> None:
     """Check names and values of pipeline parameters before anything is compiled, submitted or run."""
     import inspect
 
-    from mtlflow import benchmarks, dvc_io
-    from mtlflow.k8s_jobs import KINDS
-    from mtlflow.pipeline_specs import from_struct, validate_sweep
+    from mtlflow import benchmarks
+    from mtlflow.config.pipeline import from_struct, validate_sweep
+    from mtlflow.ops import dvc as dvc_io
+    from mtlflow.ops.k8s_jobs import KINDS
 
     name = canonical_name(pipeline)
     signature = inspect.signature(get_pipeline(name).pipeline_func)
@@ -105,7 +106,7 @@ def validate_params(pipeline: str, params: Mapping[str, Any]) -> None:
     if merged.get("data_version"):
         dvc_io.check_dir_hash(merged["data_version"])
     if merged.get("pushgateway"):
-        from mtlflow.observability.prometheus import check_gateway_address
+        from mtlflow.ops.observability.prometheus import check_gateway_address
 
         check_gateway_address(merged["pushgateway"])
     if name == "benchmark_sweep":
@@ -157,8 +158,8 @@ def _expected_tasks(name: str, pipeline_func: Callable, params: Mapping[str, Any
     import inspect
 
     from mtlflow import benchmarks
-    from mtlflow.observability.progress import expected_tasks
-    from mtlflow.pipeline_specs import from_struct
+    from mtlflow.config.pipeline import from_struct
+    from mtlflow.ops.observability.progress import expected_tasks
 
     merged = {k: p.default for k, p in inspect.signature(pipeline_func.pipeline_func).parameters.items()}
     merged.update(from_struct(dict(params)))
@@ -185,14 +186,14 @@ def run_local(params: Mapping[str, Any], workdir: str | Path = "runs/pipeline", 
     """
     from kfp import local
 
-    from mtlflow.observability.progress import PipelineProgress
-    from mtlflow.storage import StorageLayout
+    from mtlflow.ops.observability.progress import PipelineProgress
+    from mtlflow.ops.storage import StorageLayout
 
     name = canonical_name(pipeline)
     if name not in LOCAL_PIPELINES:
         raise InvalidParameterError(f"pipeline {name} creates Kubernetes jobs and runs only on a cluster; "
                                     "submit it with `mtlflow pipeline submit --host URL`")
-    from mtlflow.outputs import check_output_dir
+    from mtlflow.core.outputs import check_output_dir
 
     check_output_dir(workdir, "--workdir")
     if storage_root is not None:
@@ -250,7 +251,7 @@ def _collect_retrain(run_dir: Path, workdir: Path, layout, params: Mapping[str, 
                      summary: dict[str, Any]) -> Path:
     import json
 
-    from mtlflow import model_store
+    from mtlflow.ops import model_store
 
     decision = json.loads(next(run_dir.rglob("compare-to-champion/executor_output.json")).read_text())
     promoted = bool(decision["parameterValues"]["Output"])

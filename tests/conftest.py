@@ -20,7 +20,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def realdata(*parts: str) -> Path:
     """A path in the shared real-data folder, or skip the test with a clear message when it is absent."""
-    from mtlflow.realdata import candidates, realdata_path
+    from mtlflow.benchmarks.realdata import candidates, realdata_path
 
     path = realdata_path(*parts)
     if path is None:

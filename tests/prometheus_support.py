@@ -115,7 +115,7 @@ def sample(samples, name: str, **labels: str) -> float:
 def teleport_counter(per_epoch: int):
     """A callback standing in for COST: ``record["cost"] = {"teleports": per_epoch}`` in every epoch
     record (the contract the exporter reads)."""
-    from mtlflow.callbacks import Callback
+    from mtlflow.core.callbacks import Callback
 
     class TeleportCounter(Callback):
         name = "fake-cost"
@@ -141,7 +141,7 @@ def exported_sweep(pushgateway, multimnist_small, tmp_path_factory) -> ExportedS
     """MGDA trained 2 epochs with the exporter (and a stand-in COST adding 3 teleports per epoch),
     single-task references, the aggregate pushed, and a FAILED pipeline status pushed."""
     from mtlflow import jobs
-    from mtlflow.observability import PrometheusExporter, export_run_status, export_summary
+    from mtlflow.ops.observability import PrometheusExporter, export_run_status, export_summary
 
     root = tmp_path_factory.mktemp("exported")
     tiny = {"batch_size": 32, "max_steps_per_epoch": 1, "progress": False}

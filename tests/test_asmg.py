@@ -13,11 +13,18 @@ import torch
 
 from mtlflow import benchmarks, jobs
 from mtlflow.benchmarks.asmg_synthetic import PROBLEMS, mixed_ellipsoid_rastrigin, shift_l1_ellipsoid, start_point
-from mtlflow.blackbox.asmg import (ASMG, ASMGConfig, asmg_lambda, covariance_gradient, mean_gradient, minimize,
-                                   smoothing_estimates)
 from mtlflow.cli import main
-from mtlflow.errors import NonFiniteLossError
-from mtlflow.train import TrainConfig, Trainer
+from mtlflow.core.errors import NonFiniteLossError
+from mtlflow.engine.trainer import TrainConfig, Trainer
+from mtlflow.methods._blackbox import (
+    ASMG,
+    ASMGConfig,
+    asmg_lambda,
+    covariance_gradient,
+    mean_gradient,
+    minimize,
+    smoothing_estimates,
+)
 
 D = 4
 

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from mtlflow import benchmarks, jobs
-from mtlflow.errors import DataError
+from mtlflow.core.errors import DataError
 
 RNG = np.random.default_rng(0)
 
@@ -186,7 +186,7 @@ def test_office31_multi_input_trains_and_evaluates_every_image_once(tmp_path: Pa
                         progress=False)
     assert set(result["final"]["test"]) == {"amazon", "dslr", "webcam"}
 
-    from mtlflow.classification_metrics import MaskedAccuracy
+    from mtlflow.metrics.classification import MaskedAccuracy
 
     metric = MaskedAccuracy()
     for i in range(len(test)):

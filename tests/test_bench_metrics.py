@@ -8,12 +8,29 @@ import numpy as np
 import pytest
 import torch
 
-from mtlflow.classification_metrics import (BinaryAccuracy, BinaryF1, MaskedAccuracy, RocAuc,
-                                            masked_binary_cross_entropy, masked_cross_entropy, roc_auc)
-from mtlflow.dense_metrics import (DepthAbsoluteError, DepthRelativeError, NormalAngleMean, NormalAngleMedian,
-                                   NormalWithin11, NormalWithin22, NormalWithin30, depth_loss, normal_loss,
-                                   segmentation_loss, segmentation_metrics)
-from mtlflow.regression_metrics import MAE, RMSE, standardised_mse, with_scale
+from mtlflow.metrics.classification import (
+    BinaryAccuracy,
+    BinaryF1,
+    MaskedAccuracy,
+    RocAuc,
+    masked_binary_cross_entropy,
+    masked_cross_entropy,
+    roc_auc,
+)
+from mtlflow.metrics.dense import (
+    DepthAbsoluteError,
+    DepthRelativeError,
+    NormalAngleMean,
+    NormalAngleMedian,
+    NormalWithin11,
+    NormalWithin22,
+    NormalWithin30,
+    depth_loss,
+    normal_loss,
+    segmentation_loss,
+    segmentation_metrics,
+)
+from mtlflow.metrics.regression import MAE, RMSE, standardised_mse, with_scale
 
 
 def one_hot_logits(labels: torch.Tensor, n: int) -> torch.Tensor:

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import realdata
+
 from mtlflow import cli, jobs
+from mtlflow.benchmarks._molgraphs import parse_number_list, qm9_graph_from_xyz
 from mtlflow.benchmarks.qm9 import PAPER_STL_MAE, PAPER_TARGETS, qm9pack_dir
-from mtlflow.molgraphs import parse_number_list, qm9_graph_from_xyz
 
 #: A CPU configuration small enough for the test suite (a few hundred real molecules).
 TINY = {"n_molecules": 400, "n_val": 50, "n_test": 50}
@@ -210,7 +210,7 @@ def test_realdata_smiles_source_builds_conformer_graphs(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_qm9_runs_through_the_local_pipeline(tmp_path: Path) -> None:
-    from pipelines import runner
+    from mtlflow.pipelines import runner
 
     params = {"benchmark": "qm9", "data_options": {**TINY, "targets": ["homo"]}, "methods": ["ls"],
               "seeds": [0], "epochs": 1, "reference_seeds": [0],

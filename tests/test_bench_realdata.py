@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import realdata
+
 from mtlflow import benchmarks, jobs
-from mtlflow.errors import DataError
+from mtlflow.core.errors import DataError
 
 TINY = {"max_steps_per_epoch": 2, "progress": False}
 
@@ -109,8 +109,8 @@ def test_multimnist3_places_three_digits_like_palora(tmp_path: Path) -> None:
 
 def test_realdata_benchmarks_refuse_to_run_without_the_files(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("MTLFLOW_REALDATA", str(tmp_path / "nowhere"))
-    monkeypatch.setattr("mtlflow.realdata.REPO_ROOT", tmp_path)
-    monkeypatch.setattr("mtlflow.realdata.candidates", lambda: [tmp_path / "nowhere"])
+    monkeypatch.setattr("mtlflow.benchmarks.realdata.REPO_ROOT", tmp_path)
+    monkeypatch.setattr("mtlflow.benchmarks.realdata.candidates", lambda: [tmp_path / "nowhere"])
     for name in ("tox21", "qm8", "scm20d", "yeast"):
         with pytest.raises(DataError, match="MTLFLOW_REALDATA"):
             benchmarks.build(name).prepare(tmp_path / name)

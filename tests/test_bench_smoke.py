@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtlflow.bench import ENGINE_ROWS, CelebACNN, SyntheticCelebA
 from mtlflow.cli import main
+from mtlflow.experiments.bench import ENGINE_ROWS, CelebACNN, SyntheticCelebA
 
 METHOD_KEYS = {"tasks", "method", "grad_wrt", "family", "cost", "requires", "status", "step_seconds_median",
                "engine_seconds_median", "solver_seconds_per_step", "solver_seconds_median", "peak_memory_bytes",

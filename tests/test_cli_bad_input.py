@@ -8,10 +8,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY_RUN, run_cli, stderr_lines
+
 from mtlflow import benchmarks, jobs, methods
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError
 
 
 def assert_one_line_error(proc, code: int) -> str:

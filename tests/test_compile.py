@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import yaml
 
-from components.image import IMAGE
-from pipelines import runner
-from pipelines.main import PARALLELISM
+from mtlflow.components.image import IMAGE
+from mtlflow.pipelines import runner
+from mtlflow.pipelines.main import PARALLELISM
 
 
 def _ir(path):

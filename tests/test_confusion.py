@@ -1,14 +1,13 @@
-"""Confusion matrices (mtlflow.confusion): orientation, missing labels, agreement with the accuracy metrics."""
+"""Confusion matrices (mtlflow.metrics.confusion): orientation, missing labels, agreement with the accuracy metrics."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from mtlflow.benchmarks.base import TaskSpec
-from mtlflow.classification_metrics import BinaryAccuracy, BinaryF1, MaskedAccuracy, masked_binary_cross_entropy
-from mtlflow.confusion import BINARY, MULTICLASS, ConfusionCounter, classification_kind
-from mtlflow.taskmetrics import Accuracy, MeanAbsoluteError
+from mtlflow.metrics.classification import BinaryAccuracy, BinaryF1, MaskedAccuracy, masked_binary_cross_entropy
+from mtlflow.metrics.confusion import BINARY, MULTICLASS, ConfusionCounter, classification_kind
+from mtlflow.metrics.task import Accuracy, MeanAbsoluteError, TaskSpec
 
 
 def test_kind_follows_the_task_metrics():

@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from mtlflow import jobs
-from mtlflow.benchmarks.base import MultiTaskModel
-from mtlflow.callbacks import Callback
+from mtlflow.core.callbacks import Callback
+from mtlflow.engine.trainer import TrainConfig, Trainer
+from mtlflow.models.base import MultiTaskModel
 from mtlflow.models.lenet import LeNetTrunk, classification_head
-from mtlflow.train import TrainConfig, Trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -54,7 +54,7 @@ def test_ablate_rejects_bad_input_before_preparing_data(tmp_path, capsys):
 
 
 def test_toy_ls_with_cost_runs_beside_ls_and_records_its_teleports(tmp_path):
-    from mtlflow.toy_runner import run_toy
+    from mtlflow.experiments.trajectories import run_toy
 
     summary = run_toy(["ls"], tmp_path, steps=1050, progress=False, teleport="cost",
                       teleport_options={"steps": 10})
@@ -74,7 +74,7 @@ def test_toy_ls_with_cost_runs_beside_ls_and_records_its_teleports(tmp_path):
 
 
 def test_bench_reports_cost_overhead_per_epoch(tmp_path):
-    from mtlflow.bench import run_bench
+    from mtlflow.experiments.bench import run_bench
 
     summary = run_bench(tmp_path, ["mgda"], [3], steps=1, warmup=0, batch_size=8, width=4, image_size=16,
                         engine_rows=[], progress=False, teleport="cost",

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from mtlflow import jobs
-from mtlflow.callbacks import Callback
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.callbacks import Callback
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.engine.trainer import TrainConfig, Trainer
 from mtlflow.teleport import adapters
-from mtlflow.train import TrainConfig, Trainer
 
 #: a teleport must leave every task loss on the trigger batch within this much of its value (relative)
 INVARIANCE_TOLERANCE = 0.02
@@ -197,8 +197,8 @@ def test_cli_train_with_teleport_and_one_line_errors(multimnist_small, tmp_path,
 def test_pipeline_and_dvc_pass_the_teleport_through(multimnist_small, tmp_path, monkeypatch):
     import yaml
 
-    from mtlflow import stages
-    from pipelines import runner
+    from mtlflow.jobs import stages
+    from mtlflow.pipelines import runner
 
     runner.validate_params("benchmark_sweep", {"teleport": "cost", "teleport_options": {"trigger": "weak"}})
     with pytest.raises(InvalidParameterError, match="unknown teleport"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError
 from mtlflow.teleport.triggers import RULES, gradient_stats
 
 

@@ -9,13 +9,19 @@ import pytest
 import torch
 from torch import nn
 
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError
 from mtlflow.teleport.htr import apply_htr, htr_sigma, restore_htr
-from mtlflow.teleport.objective import (balance_weights, invariance_loss, sample_perturbation, sharpness_loss)
+from mtlflow.teleport.objective import balance_weights, invariance_loss, sample_perturbation, sharpness_loss
 from mtlflow.teleport.options import CostOptions
-from mtlflow.teleport.triggers import (RULES, describe, dominated_conflict, gradient_stats, many_task_conflict,
-                                       released_conflict, weak_conflict)
-
+from mtlflow.teleport.triggers import (
+    RULES,
+    describe,
+    dominated_conflict,
+    gradient_stats,
+    many_task_conflict,
+    released_conflict,
+    weak_conflict,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -113,7 +119,7 @@ def test_perturbations_lie_on_the_sphere_or_have_the_norm_per_tensor():
 
 
 def _tiny_model() -> nn.Module:
-    from mtlflow.benchmarks.base import MultiTaskModel
+    from mtlflow.models.base import MultiTaskModel
 
     torch.manual_seed(0)
     trunk = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 5), nn.Tanh())
@@ -128,9 +134,9 @@ class _ToDouble(nn.Module):
 def _double_lenet_trainer(data_dir, tmp_path, options):
     """A COST trainer on MultiMNIST whose LeNet (with BatchNorm) runs in float64, for finite differences."""
     from mtlflow import jobs
-    from mtlflow.benchmarks.base import MultiTaskModel
+    from mtlflow.engine.trainer import TrainConfig, Trainer
+    from mtlflow.models.base import MultiTaskModel
     from mtlflow.models.lenet import LeNetTrunk, classification_head
-    from mtlflow.train import TrainConfig, Trainer
 
     bench, data = jobs.load_prepared(data_dir)
 

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtlflow import distributed, jobs
-from mtlflow.errors import InvalidParameterError
-from mtlflow.outputs import LOCK_NAME
+from mtlflow import jobs
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.core.outputs import LOCK_NAME
+from mtlflow.engine import distributed
 
 PER_RANK_BATCH = 16
 #: SGD: its step is linear in the gradient, so the comparison sees the gradients' float rounding only
@@ -161,7 +162,7 @@ def test_rank_shards_of_a_global_batch_are_the_single_process_batch():
     """Batch j of every rank together is batch j of the single-process loader (n not a multiple of R·B)."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from mtlflow.seeding import epoch_generator
+    from mtlflow.core.seeding import epoch_generator
 
     n, ranks, batch, seed, epoch = 37, 2, 4, 5, 3
     dataset = TensorDataset(torch.arange(n))

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from kfp import dsl
 
-from components.conftest import train_artifacts
-from components.train.component import train
-from mtlflow import dvc_io
 from mtlflow.benchmarks.base import read_manifest
 from mtlflow.cli import main
-from mtlflow.errors import DataError, InvalidParameterError
+from mtlflow.components.conftest import train_artifacts
+from mtlflow.components.train.component import train
+from mtlflow.core.errors import DataError, InvalidParameterError
+from mtlflow.ops import dvc as dvc_io
 
 
 def test_push_wipe_pull_verify_train(multimnist_small, tmp_path, capsys):

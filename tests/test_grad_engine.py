@@ -8,20 +8,29 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import run_cli, stderr_lines
 from torch import nn
 
-from conftest import run_cli, stderr_lines
 from mtlflow import jobs
 from mtlflow import methods as method_registry
-from mtlflow.benchmarks.base import MultiTaskModel
-from mtlflow.errors import InvalidParameterError, UnknownNameError
-from mtlflow.grad_engine import (JACOBIAN_BACKENDS, AutogramGramian, ForwardPass, LoopBackend, StepProblem,
-                                 backward_heads, backward_shared_weighted, jacobian_backend,
-                                 representation_jacobian, resolve_backend)
+from mtlflow.core.errors import InvalidParameterError, UnknownNameError
+from mtlflow.engine.trainer import TrainConfig
+from mtlflow.grad_engine import (
+    JACOBIAN_BACKENDS,
+    AutogramGramian,
+    ForwardPass,
+    LoopBackend,
+    StepProblem,
+    backward_heads,
+    backward_shared_weighted,
+    jacobian_backend,
+    representation_jacobian,
+    resolve_backend,
+)
 from mtlflow.methods.base import UPDATE_WEIGHTS_EVERY, GradientMethod, GramianWeighting
 from mtlflow.methods.mgdaub import MGDAUB
 from mtlflow.methods.solvers import min_norm_weights_qp
-from mtlflow.train import TrainConfig
+from mtlflow.models.base import MultiTaskModel
 
 K = 3
 
@@ -155,7 +164,7 @@ TRAJECTORY = dict(epochs=1, batch_size=16, max_steps_per_epoch=2, optimizer="sgd
 def test_gramian_method_trajectory_is_the_same_for_every_backend(multimnist_small: Path, tmp_path: Path) -> None:
     # MGDA on the loop's Jacobian, on every other Jacobian backend and on autogram's Gramian only
     # (weighted backward): the same steps to float32 accuracy (SGD: updates linear in the gradients)
-    from mtlflow.train import Trainer
+    from mtlflow.engine.trainer import Trainer
 
     bench, data = jobs.load_prepared(multimnist_small)
     initial = Trainer(bench, data, TrainConfig(method="mgda"), tmp_path / "init", progress=False).model.state_dict()
@@ -219,7 +228,7 @@ def test_methods(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_amortised_steps_reuse_weights_and_skip_the_jacobian(test_methods: Any, multimnist_small: Path,
                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mtlflow.train import Trainer
+    from mtlflow.engine.trainer import Trainer
 
     jacobians = []
     original = LoopBackend.differentiate
@@ -259,7 +268,7 @@ def test_reuse_step_back_propagates_the_reused_weights(test_methods: Any, multim
                                                       tmp_path: Path) -> None:
     # on a reuse step the shared gradient is K Σ w_i ∇L_i with the stored w, heads keep ∇L_i
     bench, data = jobs.load_prepared(multimnist_small)
-    from mtlflow.train import Trainer
+    from mtlflow.engine.trainer import Trainer
 
     config = TrainConfig(method="counting-min-norm", hparams={"update_weights_every": 2}, batch_size=16)
     trainer = Trainer(bench, data, config, tmp_path / "run", progress=False)

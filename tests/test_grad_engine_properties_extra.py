@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_grad_engine import reference, small_problem
 
 from mtlflow.grad_engine import ForwardPass, jacobian_backend
 from mtlflow.grad_engine.backends import AutojacBackend
-from test_grad_engine import reference, small_problem
 
 GRAPH_BACKENDS = ["loop", "batched", "autojac"]
 

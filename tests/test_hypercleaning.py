@@ -146,7 +146,7 @@ def test_upper_level_draws_val_and_down_weights_the_corrupted_samples(name: str,
     """MOML's upper step minimises the validation loss (Eq. 3.2), so after a few steps the corrupted
     samples' mean weight σ(α) is below the clean samples' (a flipped upper step raises it);
     every upper-level batch comes from the ``val`` split and every inner batch from ``train``."""
-    from mtlflow.benchmarks.hypercleaning import sample_weight_separation
+    from mtlflow.experiments.hypercleaning import sample_weight_separation
     from mtlflow.methods._moblo import SplitSampler
 
     torch.set_num_threads(1)

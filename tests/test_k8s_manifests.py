@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mtlflow import k8s_jobs
-from mtlflow.errors import InvalidParameterError
-from mtlflow.storage import VOLUMES, StorageLayout
-from pipelines import cluster
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.ops import k8s_jobs
+from mtlflow.ops.storage import VOLUMES, StorageLayout
+from mtlflow.pipelines import cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -169,7 +169,7 @@ def test_train_command_passes_the_gradient_backend_options():
 
 
 def test_checkpoint_keys_separate_pipeline_runs_and_keep_retries_together():
-    from mtlflow.pipeline_specs import run_key
+    from mtlflow.config.pipeline import run_key
 
     key = lambda run_id: run_key(SPEC, "hash", 10, {"batch_size": 128, "device": "cuda"}, run_id)  # noqa: E731
     assert key("run-a") == key("run-a") == run_key(SPEC, "hash", 10, {"batch_size": 128, "device": "cpu"}, "run-a")

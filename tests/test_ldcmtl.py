@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mtlflow import benchmarks, jobs, methods
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError
 from mtlflow.methods.base import StepContext
 from mtlflow.methods.ldcmtl import LDCMTL, discrepancy, penalty
 
@@ -109,7 +109,7 @@ class CallCounter:
 
 
 def trainer_for(data_dir: Path, tmp_path: Path, **hp):
-    from mtlflow.train import TrainConfig, Trainer
+    from mtlflow.engine.trainer import TrainConfig, Trainer
 
     bench, data = jobs.load_prepared(data_dir)
     config = TrainConfig(method="ldcmtl", hparams=hp, batch_size=32, seed=0)
@@ -202,7 +202,7 @@ def test_trains_on_multimnist_and_learns_router_weights(multimnist_small: Path, 
 
 
 def test_bench_reports_the_ratio_to_ls_against_the_papers_claim(tmp_path: Path) -> None:
-    from mtlflow.bench import run_bench
+    from mtlflow.experiments.bench import run_bench
 
     summary = run_bench(tmp_path, ["ldcmtl"], task_counts=[3], steps=2, warmup=1, batch_size=4, width=2,
                         image_size=16, engine_rows=(), progress=False, hparams={"ldcmtl": {"router": "vector"}})

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mtlflow import methods
-from mtlflow.errors import InvalidParameterError, UnknownNameError, UsageError
+from mtlflow.core.errors import InvalidParameterError, UnknownNameError, UsageError
 from mtlflow.methods.base import StepContext
 
 PROPERTY_SETTINGS = settings(max_examples=60, deadline=None, database=None, derandomize=True)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mtlflow import jobs, methods
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError
 from mtlflow.methods._moblo import SplitSampler
 from mtlflow.methods.forum import forum_nu, forum_qp
 from mtlflow.methods.moml import unrolled_hypergradients

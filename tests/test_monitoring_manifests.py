@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from prometheus_support import PROMTOOL, ensure_prometheus_binaries, parse_samples
 
 MONITORING = Path(__file__).resolve().parents[1] / "k8s" / "monitoring"
@@ -152,7 +151,7 @@ def test_dashboard_and_alerts_query_only_exported_metrics(exported_sweep):
 
 
 def test_readme_documents_every_exported_metric():
-    from mtlflow.observability import catalog
+    from mtlflow.ops.observability import catalog
 
     readme = (MONITORING.parents[1] / "README.md").read_text()
     section = readme[readme.index("## Observability"):readme.index("## Bad input")]

@@ -10,12 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import SMALL_SIZES, realdata
+
 from mtlflow import jobs
-from mtlflow.benchmarks.multimnist import (CANVAS, DIGIT, load_source_digits, overlay, read_idx_images,
-                                           read_idx_labels)
-from mtlflow.errors import DataError
+from mtlflow.benchmarks.multimnist import CANVAS, DIGIT, load_source_digits, overlay, read_idx_images, read_idx_labels
+from mtlflow.core.errors import DataError
 
 SHIFT = CANVAS - DIGIT  # 8
 
@@ -190,7 +189,7 @@ def test_mnist_dir_errors(tmp_path: Path) -> None:
 def test_truncated_split_file_is_named(small_copy: Path) -> None:
     import json
 
-    from mtlflow.hashing import directory_hash
+    from mtlflow.core.hashing import directory_hash
 
     with open(small_copy / "train.pt", "r+b") as fh:
         fh.truncate(100)

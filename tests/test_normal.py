@@ -14,8 +14,8 @@ from scipy.integrate import solve_ivp
 from torch import nn
 
 from mtlflow import jobs
-from mtlflow.benchmarks.base import MultiTaskModel
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.models.base import MultiTaskModel
 from mtlflow.models.multi_input import MultiInputModel
 from mtlflow.models.normal import NormalModel, NormalTrunk, resolve_options
 
@@ -220,7 +220,7 @@ def test_cli_selects_the_architecture_and_rejects_bad_options(capsys: pytest.Cap
 
 
 def test_pipeline_parameters_select_the_architecture() -> None:
-    from pipelines import runner
+    from mtlflow.pipelines import runner
 
     options = {"architecture": "normal", "architecture_options": {"step_size": 0.2}}
     runner.validate_params("main", {"methods": ["ldcmtl", "ls"], "train_options": options})
@@ -233,7 +233,7 @@ def test_trainer_never_decays_the_task_positions(multimnist_small: Path, tmp_pat
     """The trainer's optimizer puts every position in a group with weight decay 0 while the other
     parameters keep the configured decay: one step on zero gradients moves no position and shrinks the
     backbone by exactly lr·wd (AdamW) / lr·wd·w (SGD)."""
-    from mtlflow.train import TrainConfig, Trainer
+    from mtlflow.engine.trainer import TrainConfig, Trainer
 
     bench, data = jobs.load_prepared(multimnist_small)
     config = TrainConfig(method="ls", batch_size=32, epochs=1, lr=0.1, weight_decay=0.5, optimizer=optimizer,

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtlflow import benchmarks
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError
 from mtlflow.pareto.adapters import PreferenceAdapters, parameter_overhead
 
 

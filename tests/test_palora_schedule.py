@@ -9,9 +9,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtlflow.errors import InvalidParameterError
-from mtlflow.pareto.simplex import (MIN_CONCENTRATION, PreferenceSchedule, anneal, default_eval_subdivisions,
-                                    default_rays, grid_size, simplex_grid, subdivisions_for)
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.pareto.simplex import (
+    MIN_CONCENTRATION,
+    PreferenceSchedule,
+    anneal,
+    default_eval_subdivisions,
+    default_rays,
+    grid_size,
+    simplex_grid,
+    subdivisions_for,
+)
 
 
 def test_two_task_grid_is_the_papers_linspace():

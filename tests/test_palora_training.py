@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
-
 from conftest import TINY_RUN
+
 from mtlflow import cli, jobs
-from mtlflow.errors import DataError, InvalidParameterError
-from mtlflow.scoring import hypervolume
-from mtlflow.train import TrainConfig, Trainer, load_model
+from mtlflow.core.errors import DataError, InvalidParameterError
+from mtlflow.engine.trainer import TrainConfig, Trainer, load_model
+from mtlflow.metrics.scoring import hypervolume
 
 #: a 3-point evaluation grid and no per-epoch front keep the plumbing tests fast
 FAST = {"eval_subdivisions": 2, "front_every": 0}

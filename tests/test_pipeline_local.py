@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from mtlflow import dvc_io
-from mtlflow.errors import InvalidParameterError, UnknownNameError
-from pipelines import runner
+from mtlflow.core.errors import InvalidParameterError, UnknownNameError
+from mtlflow.ops import dvc as dvc_io
+from mtlflow.pipelines import runner
 
 TINY_PARAMS = {
     "data_options": {"n_train": 300, "n_val": 100, "n_test": 100},

@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from mtlflow.cli import main
-from mtlflow.storage import CLUSTER_ROOT
-from pipelines import cluster
-from pipelines.benchmark_sweep import PARALLELISM
+from mtlflow.ops.storage import CLUSTER_ROOT
+from mtlflow.pipelines import cluster
+from mtlflow.pipelines.benchmark_sweep import PARALLELISM
 
 
 @pytest.fixture(scope="module")

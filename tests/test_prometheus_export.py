@@ -9,7 +9,6 @@ import time
 
 import pytest
 import torch
-
 from prometheus_support import free_port, http_get, parse_samples, sample
 
 #: the analytic toy problem: steps take microseconds, so these tests measure the exporter, not torch
@@ -82,7 +81,7 @@ def test_sweep_comparison_and_pipeline_status_are_exported(exported_sweep):
 
 
 def test_grouping_keys_do_not_grow_and_failures_keep_the_last_success(pushgateway):
-    from mtlflow.observability import export_run_status
+    from mtlflow.ops.observability import export_run_status
 
     for run, state, finished in (("nightly-1", "SUCCEEDED", 1000.0), ("nightly-2", "FAILED", 2000.0),
                                  ("nightly-3", "FAILED", 3000.0)):
@@ -101,9 +100,9 @@ def test_grouping_keys_do_not_grow_and_failures_keep_the_last_success(pushgatewa
 
 def test_nan_loss_is_exported_and_the_previous_success_kept(pushgateway, toy_data, tmp_path):
     from mtlflow import jobs
-    from mtlflow.callbacks import Callback
-    from mtlflow.errors import NonFiniteLossError
-    from mtlflow.observability import PrometheusExporter
+    from mtlflow.core.callbacks import Callback
+    from mtlflow.core.errors import NonFiniteLossError
+    from mtlflow.ops.observability import PrometheusExporter
 
     class PoisonWeights(Callback):
         name = "poison"
@@ -145,7 +144,7 @@ def silent_server():
 @pytest.mark.parametrize("outage", ["refused", "silent"])
 def test_gateway_outage_neither_stops_nor_slows_training(outage, toy_data, tmp_path, caplog, request):
     from mtlflow import jobs
-    from mtlflow.observability import PrometheusExporter
+    from mtlflow.ops.observability import PrometheusExporter
 
     url = f"http://127.0.0.1:{free_port()}" if outage == "refused" else request.getfixturevalue("silent_server")
     timeout = 0.5
@@ -160,14 +159,14 @@ def test_gateway_outage_neither_stops_nor_slows_training(outage, toy_data, tmp_p
             _original(*args)
             hook_seconds[_hook] = hook_seconds.get(_hook, 0.0) + time.perf_counter() - started
         setattr(exporter, hook, timed)
-    with caplog.at_level(logging.WARNING, logger="mtlflow.observability"):
+    with caplog.at_level(logging.WARNING, logger="mtlflow.ops.observability"):
         try:
             result = jobs.train(toy_data, tmp_path / "run", method="mgda", epochs=3, callbacks=[exporter], **TOY)
         finally:
             exporter.close()
     assert result["epochs"] == 3
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "completed"
-    warnings = [r for r in caplog.records if r.name == "mtlflow.observability"]
+    warnings = [r for r in caplog.records if r.name == "mtlflow.ops.observability"]
     assert len(warnings) == 1 and url in warnings[0].getMessage()
     # after the first failure no push is attempted until retry_after (60 s) -- except the final flush
     assert exporter.pusher.failures <= 2 and exporter.pusher.pushes == 0
@@ -180,8 +179,8 @@ def test_metrics_port_and_env_pushgateway_from_the_cli(pushgateway, toy_data, tm
     """``mtlflow train --metrics-port`` serves /metrics while it trains (scraped over HTTP from inside
     epoch 2) and ``$MTLFLOW_PUSHGATEWAY`` makes it push."""
     from mtlflow import jobs
-    from mtlflow.callbacks import Callback
     from mtlflow.cli import main
+    from mtlflow.core.callbacks import Callback
 
     port = free_port()
     scraped: list[str] = []
@@ -227,7 +226,7 @@ def test_malformed_pushgateway_is_rejected_before_training(toy_data, tmp_path, c
 
 def test_a_resumed_run_exports_its_totals_so_far(toy_data, tmp_path):
     from mtlflow import jobs
-    from mtlflow.observability import PrometheusExporter
+    from mtlflow.ops.observability import PrometheusExporter
 
     jobs.train(toy_data, tmp_path / "run", method="mgda", epochs=2, **TOY)
     exporter = PrometheusExporter()  # no gateway: the registry alone
@@ -242,8 +241,8 @@ def test_a_resumed_run_exports_its_totals_so_far(toy_data, tmp_path):
 def test_pipelines_take_a_pushgateway_parameter_and_validate_it():
     import inspect
 
-    from mtlflow.errors import InvalidParameterError
-    from pipelines import runner
+    from mtlflow.core.errors import InvalidParameterError
+    from mtlflow.pipelines import runner
 
     for name in ("benchmark_sweep", "retrain", "distributed_train"):
         parameter = inspect.signature(runner.get_pipeline(name).pipeline_func).parameters["pushgateway"]
@@ -256,7 +255,7 @@ def test_pipelines_take_a_pushgateway_parameter_and_validate_it():
 def test_export_steps_are_never_cached_on_the_cluster(tmp_path):
     import yaml
 
-    from pipelines import runner
+    from mtlflow.pipelines import runner
 
     ir = next(yaml.safe_load_all(runner.compile_pipeline(tmp_path / "sweep.yaml", "benchmark_sweep").read_text()))
     tasks = {name: task for comp in ir["components"].values() if "dag" in comp

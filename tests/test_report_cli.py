@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mtlflow.observability.progress import PipelineProgress, expected_tasks, format_seconds, task_label
+from mtlflow.ops.observability.progress import PipelineProgress, expected_tasks, format_seconds, task_label
 
 #: the analytic toy problem: training takes milliseconds, the reports are what is tested
 TOY = {"max_steps_per_epoch": 5}

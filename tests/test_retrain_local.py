@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import runner
+from mtlflow.pipelines import runner
 
 TINY = {"data_options": {"n_train": 300, "n_val": 100, "n_test": 100}, "method": "fairgrad",
         "hparams": {"alpha": 2.0}, "epochs": 1, "train_options": {"batch_size": 100}}

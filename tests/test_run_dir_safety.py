@@ -20,8 +20,8 @@ from typing import Callable
 
 import pytest
 import torch
-
 from conftest import REPO_ROOT, run_cli, stderr_lines
+
 from mtlflow import cli, jobs
 
 TOY_RUN = {"epochs": 1, "progress": False}
@@ -230,7 +230,7 @@ def test_resume_removes_dead_writers_temp_files(shared, tmp_path: Path) -> None:
 
 
 def test_a_second_writer_is_refused_while_the_lock_is_held(shared, tmp_path: Path) -> None:
-    from mtlflow.outputs import LOCK_NAME, locked_dir
+    from mtlflow.core.outputs import LOCK_NAME, locked_dir
 
     run = tmp_path / "run"
     shutil.copytree(shared["run"], run)
@@ -247,10 +247,10 @@ def test_a_second_writer_is_refused_while_the_lock_is_held(shared, tmp_path: Pat
 
 
 def test_the_lock_of_a_killed_writer_is_released(tmp_path: Path) -> None:
-    from mtlflow.outputs import LOCK_NAME, locked_dir
+    from mtlflow.core.outputs import LOCK_NAME, locked_dir
 
     lock = tmp_path / LOCK_NAME
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom mtlflow.outputs import locked_dir\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom mtlflow.core.outputs import locked_dir\n"
                                f"with locked_dir({str(lock)!r}, 'x'):\n    print('held', flush=True)\n"
                                "    time.sleep(120)"], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
     try:
@@ -298,7 +298,7 @@ def test_a_failed_overwrite_leaves_no_old_result_and_a_divergence_exits_4(multim
 
 def test_a_non_finite_gramian_in_fairgrads_solver_exits_4_like_any_non_finite_value() -> None:
     from mtlflow import methods
-    from mtlflow.errors import NonFiniteValueError
+    from mtlflow.core.errors import NonFiniteValueError
 
     grads = torch.tensor([[1.0, float("nan")], [0.5, 1.0]])
     with pytest.raises(NonFiniteValueError, match="NaN or Inf") as caught:
@@ -340,7 +340,7 @@ def test_resume_without_a_checkpoint_is_announced(shared, tmp_path: Path) -> Non
 
 def test_dvc_push_leaves_no_temporary_copies_in_the_remote(shared, tmp_path: Path) -> None:
     pytest.importorskip("dvc")
-    from mtlflow import dvc_io
+    from mtlflow.ops import dvc as dvc_io
 
     remote = tmp_path / "remote"
     first = dvc_io.push_dataset(shared["data"], str(remote))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mtlflow.errors import InvalidParameterError
-from mtlflow.scoring import delta_m, hypervolume, mean_rank, pareto_mask, rank_with_ties
-from mtlflow.taskmetrics import metric_error
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.metrics.scoring import delta_m, hypervolume, mean_rank, pareto_mask, rank_with_ties
+from mtlflow.metrics.task import metric_error
 
 SPECS = {
     "cls": {"acc": {"higher_is_better": True}, "loss": {"higher_is_better": False}},

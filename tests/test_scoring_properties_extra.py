@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from mtlflow.errors import InvalidParameterError
-from mtlflow.scoring import delta_m, hypervolume, mean_rank
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.metrics.scoring import delta_m, hypervolume, mean_rank
 
 SPECS = {"a": {"acc": {"higher_is_better": True}, "err": {"higher_is_better": False}},
          "b": {"acc": {"higher_is_better": True}}}

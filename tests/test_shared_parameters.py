@@ -10,9 +10,10 @@ from typing import Any, Callable
 
 import pytest
 import torch
+
 from mtlflow import benchmarks
-from mtlflow.benchmarks.base import MultiTaskModel
 from mtlflow.models.architectures import build_model
+from mtlflow.models.base import MultiTaskModel
 from mtlflow.teleport.adapters import adapter_targets
 
 
@@ -113,8 +114,8 @@ def test_mtan_attention_masks_get_their_tasks_plain_gradient_in_every_gradient_m
     import sys
 
     from mtlflow import jobs
-    from mtlflow.callbacks import Callback
-    from mtlflow.train import TrainConfig, Trainer
+    from mtlflow.core.callbacks import Callback
+    from mtlflow.engine.trainer import TrainConfig, Trainer
 
     sys.path.insert(0, str(Path(__file__).parent))
     from test_bench_fixtures import write_mtan

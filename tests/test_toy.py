@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mtlflow import jobs
-from mtlflow.toy import PARETO_X2, START_POINTS, distance_to_pareto_set, toy_losses
+from mtlflow.benchmarks.toy import PARETO_X2, START_POINTS, distance_to_pareto_set, toy_losses
 
 
 def reference_losses(x1: float, x2: float, scale: float) -> tuple[float, float]:

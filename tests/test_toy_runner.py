@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from mtlflow.benchmarks.toy import START_POINTS, toy_losses
 from mtlflow.cli import main
-from mtlflow.toy import START_POINTS, toy_losses
-from mtlflow.toy_runner import pareto_stationarity, toy_values_and_gradients
+from mtlflow.experiments.trajectories import pareto_stationarity, toy_values_and_gradients
 
 
 @pytest.mark.parametrize("scale", [0.1, 1.0])

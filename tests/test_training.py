@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import TINY_RUN
+
 from mtlflow import jobs
-from mtlflow.errors import DataError, InvalidParameterError, NonFiniteLossError
+from mtlflow.core.errors import DataError, InvalidParameterError, NonFiniteLossError
 
 
 def read_json(path: Path) -> dict:
@@ -147,7 +147,7 @@ def test_nan_loss_raises_and_marks_run_failed(multimnist_small: Path, tmp_path: 
 
 def test_nan_task_loss_is_reported_by_name(multimnist_small: Path, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from mtlflow.train import Trainer
+    from mtlflow.engine.trainer import Trainer
 
     original = Trainer._task_losses
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from mtlflow import jobs, methods
-from mtlflow.callbacks import Callback
-from mtlflow.errors import InvalidParameterError, SolverError
+from mtlflow.core.callbacks import Callback
+from mtlflow.core.errors import InvalidParameterError, SolverError
 from mtlflow.methods.solvers import fairgrad_weights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -155,7 +155,7 @@ def test_imtlg_exactly_opposite_gradients_give_zero_update() -> None:
 
 
 def test_imtlg_with_an_inf_entry_raises_one_clear_error(capfd: pytest.CaptureFixture[str]) -> None:
-    from mtlflow.errors import NonFiniteValueError
+    from mtlflow.core.errors import NonFiniteValueError
 
     j = torch.tensor([[1.0, float("inf")], [0.5, 1.0]], dtype=torch.float32)
     with pytest.raises(NonFiniteValueError, match="imtlg: the task-gradient Gramian contains NaN or Inf"):

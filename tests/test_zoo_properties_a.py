@@ -22,8 +22,7 @@ import torch
 from torch import nn
 
 from mtlflow import methods
-from mtlflow.benchmarks.base import MultiTaskModel
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError
 from mtlflow.methods.base import StepContext
 from mtlflow.methods.dbmtl import max_norm_balance
 from mtlflow.methods.graddrop import graddrop_direction, sign_purity
@@ -32,6 +31,7 @@ from mtlflow.methods.gradvac import gradvac_coefficients
 from mtlflow.methods.imtlg import imtlg_weights
 from mtlflow.methods.pcgrad import pcgrad_coefficients
 from mtlflow.methods.stch import smooth_tchebycheff
+from mtlflow.models.base import MultiTaskModel
 
 torchjd_aggregation = pytest.importorskip("torchjd.aggregation")
 

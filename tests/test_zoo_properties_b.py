@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from mtlflow import jobs, methods
-from mtlflow.errors import InvalidParameterError, SolverError
+from mtlflow.core.errors import InvalidParameterError, SolverError
 from mtlflow.methods._cvx import solve_checked
 from mtlflow.methods.alignedmtl import balance_transform
 from mtlflow.methods.moco import project_to_simplex

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from mtlflow import jobs, methods
-from mtlflow.toy import START_POINTS, distance_to_pareto_set, toy_losses
+from mtlflow.benchmarks.toy import START_POINTS, distance_to_pareto_set, toy_losses
 
 ALL_METHODS = methods.available()
 TOY_START = 1

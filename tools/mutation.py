@@ -147,7 +147,7 @@ def pending_in(folders: list[str], mutants_dir: Path) -> list[str]:
     results = load_results(mutants_dir)
     names = [name for folder in folders for name, (_, code) in results[folder].items() if code is None]
     unknown = [folder for folder in folders if not results[folder]]
-    return names + [f"mtlflow.{folder}.*" if folder != "scoring" else "mtlflow.scoring.*" for folder in unknown]
+    return names + [f"mtlflow.{folder}.*" if folder != "scoring" else "mtlflow.metrics.scoring.*" for folder in unknown]
 
 
 def run(max_children: int, stop_after: float | None, retry_undetected: bool, only: list[str]) -> int:

@@ -4,7 +4,7 @@ from typing import List
 
 from kfp import dsl
 
-from components.image import IMAGE
+from mtlflow.components.image import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -20,8 +20,9 @@ def aggregate(runs: dsl.Input[List[dsl.Artifact]], references: dsl.Input[List[ds
     import json
     import shutil
 
-    from mtlflow import atomic, jobs
-    from mtlflow.observability import export_summary
+    from mtlflow import jobs
+    from mtlflow.core import atomic
+    from mtlflow.ops.observability import export_summary
 
     labels = sorted({jobs.run_label(jobs.read_run(r.path)["run"]) for r in runs})
     declared = [m for m in labels if m in method_set or m.split("(")[0] in method_set]

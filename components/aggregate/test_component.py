@@ -3,7 +3,7 @@ from pathlib import Path
 
 from kfp import dsl
 
-from components.aggregate.component import aggregate
+from mtlflow.components.aggregate.component import aggregate
 
 
 def test_aggregate_writes_report_and_scalars(tiny_runs, tmp_path):

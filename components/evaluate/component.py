@@ -2,7 +2,7 @@
 
 from kfp import dsl
 
-from components.image import IMAGE
+from mtlflow.components.image import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -19,9 +19,10 @@ def evaluate(data: dsl.Input[dsl.Dataset], run: dsl.Input[dsl.Artifact], split: 
     """
     import json
 
-    from mtlflow import atomic, jobs
-    from mtlflow.errors import InvalidParameterError
-    from mtlflow.observability.run_report import evaluation_markdown
+    from mtlflow import jobs
+    from mtlflow.core import atomic
+    from mtlflow.core.errors import InvalidParameterError
+    from mtlflow.ops.observability.run_report import evaluation_markdown
 
     result = jobs.evaluate(run.path, data.path, split=split, out_file=evaluation.path, confusion=True)
     evaluation.metadata.update({"split": split, "method": result["method"], "data_hash": result["data_hash"]})

@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 from kfp import dsl
 
-from components.evaluate.component import evaluate
-from mtlflow.errors import InvalidParameterError
+from mtlflow.components.evaluate.component import evaluate
+from mtlflow.core.errors import InvalidParameterError
 
 
 def _outputs(tmp_path):

@@ -3,7 +3,7 @@ PyTorchJob) running the project image with ``torchrun -m mtlflow train``."""
 
 from kfp import dsl
 
-from components.image import IMAGE
+from mtlflow.components.image import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -24,10 +24,12 @@ def launch_trainjob(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, tr
     import shutil
     from pathlib import Path
 
-    from mtlflow import atomic, dvc_io, k8s_jobs
-    from mtlflow.errors import InvalidParameterError
-    from mtlflow.pipeline_specs import from_struct, run_key
-    from mtlflow.storage import StorageLayout
+    from mtlflow.config.pipeline import from_struct, run_key
+    from mtlflow.core import atomic
+    from mtlflow.core.errors import InvalidParameterError
+    from mtlflow.ops import dvc as dvc_io
+    from mtlflow.ops import k8s_jobs
+    from mtlflow.ops.storage import StorageLayout
 
     if not image:
         raise InvalidParameterError("launch_trainjob needs the image the job runs (the project image)")

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from kfp import compiler, dsl
 
-from components.launch_trainjob.component import launch_trainjob
-from mtlflow import k8s_jobs
+from mtlflow.components.launch_trainjob.component import launch_trainjob
+from mtlflow.ops import k8s_jobs
 
 
 class TrainerControllerStub:
@@ -62,7 +62,7 @@ def test_launcher_stages_data_submits_waits_and_collects_the_run(tiny_dataset, t
 
 
 def test_launcher_refuses_unknown_kind(tiny_dataset, tmp_path, monkeypatch):
-    from mtlflow.errors import InvalidParameterError
+    from mtlflow.core.errors import InvalidParameterError
 
     data, _ = tiny_dataset
     monkeypatch.setattr(k8s_jobs, "custom_objects_api", lambda: pytest.fail("must not reach the API"))

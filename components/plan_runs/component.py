@@ -8,13 +8,13 @@ from typing import List
 
 from kfp import dsl
 
-from components.image import IMAGE
+from mtlflow.components.image import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def plan_runs(methods: List[str], seeds: List[int], method_hparams: dict) -> List[str]:
     """One spec per (method, seed): ``{"method", "seed", "hparams"}``; methods are validated here."""
-    from mtlflow.pipeline_specs import plan_runs as plan
+    from mtlflow.config.pipeline import plan_runs as plan
 
     return plan(methods, seeds, method_hparams)
 
@@ -22,7 +22,7 @@ def plan_runs(methods: List[str], seeds: List[int], method_hparams: dict) -> Lis
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def plan_references(tasks: List[str], seeds: List[int]) -> List[str]:
     """One single-task reference spec per (task, seed): ``{"method": "ls", "tasks": [task], "seed"}``."""
-    from mtlflow.pipeline_specs import plan_references as plan
+    from mtlflow.config.pipeline import plan_references as plan
 
     return plan(tasks, seeds)
 
@@ -30,6 +30,6 @@ def plan_references(tasks: List[str], seeds: List[int]) -> List[str]:
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def plan_run(method: str, seed: int, hparams: dict) -> str:
     """The spec of a single run (``retrain``): ``{"method", "seed", "hparams"}``; validated here."""
-    from mtlflow.pipeline_specs import plan_run as plan
+    from mtlflow.config.pipeline import plan_run as plan
 
     return plan(method, seed, hparams)

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from components.plan_runs.component import plan_references, plan_runs
-from mtlflow.errors import InvalidParameterError, UnknownNameError
+from mtlflow.components.plan_runs.component import plan_references, plan_runs
+from mtlflow.core.errors import InvalidParameterError, UnknownNameError
 
 
 def test_plan_runs_expands_methods_and_seeds():

@@ -4,7 +4,7 @@ from typing import List
 
 from kfp import dsl
 
-from components.image import IMAGE
+from mtlflow.components.image import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -19,10 +19,11 @@ def prepare_data(benchmark: str, options: dict, data: dsl.Output[dsl.Dataset], d
     SHA-256 content hash and the data version ``{git_revision, dvc_hash, dvc_remote}``; training
     refuses data that does not match them.
     """
-    from mtlflow import dvc_io, jobs
+    from mtlflow import jobs
     from mtlflow.benchmarks.base import read_manifest
-    from mtlflow.errors import InvalidParameterError
-    from mtlflow.pipeline_specs import from_struct
+    from mtlflow.config.pipeline import from_struct
+    from mtlflow.core.errors import InvalidParameterError
+    from mtlflow.ops import dvc as dvc_io
 
     options = from_struct(options)
     remote = dvc_io.resolve_remote(dvc_remote, default_remote)

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from mtlflow.hashing import directory_hash
+from mtlflow.core.hashing import directory_hash
 
 
 def test_prepare_data_writes_dataset_with_hash(tiny_dataset):
@@ -17,7 +17,7 @@ def test_prepare_data_accepts_struct_floats(tmp_path):
     """Dict parameters arrive as protobuf structs, whose integers are floats."""
     from kfp import dsl
 
-    from components.prepare_data.component import prepare_data
+    from mtlflow.components.prepare_data.component import prepare_data
 
     data = dsl.Dataset(uri=str(tmp_path / "data"))
     prepare_data.python_func(benchmark="toy", options={"start": 1.0, "steps_per_epoch": 10.0}, data=data)

@@ -2,7 +2,7 @@
 
 from kfp import dsl
 
-from components.image import IMAGE
+from mtlflow.components.image import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -12,7 +12,7 @@ def compare_to_champion(run: dsl.Input[dsl.Artifact], evaluation: dsl.Input[dsl.
     ``min_improvement`` (mean primary-metric error over tasks), or when there is no champion yet."""
     import json
 
-    from mtlflow import model_store as store
+    from mtlflow.ops import model_store as store
 
     with open(evaluation.path) as fh:
         result = json.load(fh)
@@ -30,7 +30,7 @@ def promote(run: dsl.Input[dsl.Artifact], evaluation: dsl.Input[dsl.Artifact], d
     (empty when a better champion was promoted meanwhile)."""
     import json
 
-    from mtlflow import model_store as store
+    from mtlflow.ops import model_store as store
 
     with open(evaluation.path) as fh:
         result = json.load(fh)

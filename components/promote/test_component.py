@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from kfp import dsl
 
-from components.evaluate.component import evaluate
-from components.promote.component import compare_to_champion, promote
-from mtlflow import model_store
+from mtlflow.components.evaluate.component import evaluate
+from mtlflow.components.promote.component import compare_to_champion, promote
+from mtlflow.ops import model_store
 
 
 def _evaluated(tiny_runs, tiny_dataset, tmp_path, name):
@@ -57,7 +57,7 @@ def test_first_model_becomes_champion_then_only_a_better_one_replaces_it(tiny_ru
 
 
 def test_champion_with_other_tasks_is_not_comparable(tiny_runs, tiny_dataset, tmp_path):
-    from mtlflow.errors import DataError
+    from mtlflow.core.errors import DataError
 
     run, ev = _evaluated(tiny_runs, tiny_dataset, tmp_path, "ls")
     cand = model_store.candidate(run.path, json.loads(Path(ev.path).read_text()))

@@ -2,7 +2,7 @@
 
 from kfp import dsl
 
-from components.image import IMAGE
+from mtlflow.components.image import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -15,8 +15,8 @@ def record_status(status: dsl.PipelineTaskFinalStatus, pipeline: str, job_name: 
     Prometheus (``mtlflow_pipeline_last_run_succeeded`` and friends, grouped by pipeline only)."""
     import json
 
-    from mtlflow import run_status
-    from mtlflow.observability import export_run_status
+    from mtlflow.ops import run_status
+    from mtlflow.ops.observability import export_run_status
 
     path = run_status.record(status_dir, pipeline=pipeline, job_name=job_name, state=status.state,
                              error_code=status.error_code, error_message=status.error_message,

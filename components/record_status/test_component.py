@@ -3,7 +3,7 @@ from pathlib import Path
 
 from kfp import dsl
 
-from components.record_status.component import record_status
+from mtlflow.components.record_status.component import record_status
 
 
 def test_failed_run_is_recorded_with_its_error(tmp_path):
@@ -40,5 +40,5 @@ def test_unreachable_pushgateway_only_warns(tmp_path, caplog):
     path = record_status.python_func(status=status, pipeline="retrain", job_name="r1", status_dir=str(tmp_path),
                                      pushgateway=f"http://127.0.0.1:{port}")
     assert json.loads(Path(path).read_text())["state"] == "SUCCEEDED"
-    warnings = [r for r in caplog.records if r.name == "mtlflow.observability"]
+    warnings = [r for r in caplog.records if r.name == "mtlflow.ops.observability"]
     assert len(warnings) == 1 and str(port) in warnings[0].getMessage()

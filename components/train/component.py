@@ -2,7 +2,7 @@
 
 from kfp import dsl
 
-from components.image import IMAGE
+from mtlflow.components.image import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -32,10 +32,12 @@ def train(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, train_option
     import shutil
     from pathlib import Path
 
-    from mtlflow import atomic, dvc_io, jobs
-    from mtlflow.observability import training_exporters
-    from mtlflow.observability.run_report import run_markdown, run_report_html
-    from mtlflow.pipeline_specs import from_struct, run_key
+    from mtlflow import jobs
+    from mtlflow.config.pipeline import from_struct, run_key
+    from mtlflow.core import atomic
+    from mtlflow.ops import dvc as dvc_io
+    from mtlflow.ops.observability import training_exporters
+    from mtlflow.ops.observability.run_report import run_markdown, run_report_html
 
     spec = json.loads(run_spec)
     train_options = from_struct(train_options)

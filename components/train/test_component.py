@@ -4,9 +4,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from components.conftest import train_artifacts
-from components.train.component import train
-from mtlflow.errors import DataError
+from mtlflow.components.conftest import train_artifacts
+from mtlflow.components.train.component import train
+from mtlflow.core.errors import DataError
 
 
 def test_train_writes_run_model_and_metrics(tiny_runs, tiny_dataset):

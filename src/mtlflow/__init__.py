@@ -4,9 +4,9 @@ The public entry points are:
 
 * :mod:`mtlflow.methods` -- the method registry (``available()``, ``build(name, n_tasks, **hparams)``);
 * :mod:`mtlflow.benchmarks` -- the benchmark registry (``available()``, ``get(name)``);
-* :class:`mtlflow.train.Trainer` -- the training engine shared by every method;
+* :class:`mtlflow.engine.trainer.Trainer` -- the training engine shared by every method;
 * :mod:`mtlflow.jobs` -- the functions behind the CLI, the DVC stages and the Kubeflow components;
-* :mod:`mtlflow.scoring` -- Δm%, mean rank, hypervolume and Pareto-set extraction.
+* :mod:`mtlflow.metrics.scoring` -- Δm%, mean rank, hypervolume and Pareto-set extraction.
 
 Heavy optional dependencies (kfp, dvc, peft, torch_geometric) are imported lazily.
 """

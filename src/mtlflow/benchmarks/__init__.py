@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from mtlflow.benchmarks.base import Benchmark, BenchmarkData, MultiTaskModel, TaskSpec
-from mtlflow.errors import UnknownNameError
+from mtlflow.benchmarks.base import Benchmark, BenchmarkData
+from mtlflow.core.errors import UnknownNameError
+from mtlflow.metrics.task import TaskSpec
+from mtlflow.models.base import MultiTaskModel
 
 _REGISTRY: dict[str, type[Benchmark]] | None = None
 
@@ -21,7 +23,7 @@ def _registry() -> dict[str, type[Benchmark]]:
     global _REGISTRY
     if _REGISTRY is None:
         import mtlflow.benchmarks as package
-        from mtlflow.registry import discover
+        from mtlflow.core.registry import discover
 
         _REGISTRY = discover(package, Benchmark, skip=("base",))
     return _REGISTRY

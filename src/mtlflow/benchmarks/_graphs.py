@@ -19,9 +19,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from mtlflow.benchmarks._molgraphs import QM9_BOND_TYPES, MolGraph
 from mtlflow.benchmarks.base import Benchmark, load_tensor_file, seed_worker
-from mtlflow.errors import DataError
-from mtlflow.molgraphs import QM9_BOND_TYPES, MolGraph
+from mtlflow.core.errors import DataError
 
 GRAPHS_FILE = "graphs.pt"
 SPLIT_FILE = "split.json"

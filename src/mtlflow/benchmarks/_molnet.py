@@ -14,14 +14,24 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mtlflow.benchmarks._graphs import (SPLIT_FILE, GraphBenchmark, GraphDataset, load_store, pack_graphs,
-                                        random_split_ids, read_split, rows_of, standardise,
-                                        write_split)
-from mtlflow.benchmarks.base import ConfigField, MultiTaskModel
-from mtlflow.errors import DataError
-from mtlflow.hashing import file_sha256
-from mtlflow.molgraphs import categorical_graph_from_smiles, categorical_vocab_sizes
-from mtlflow.regression_metrics import with_scale
+from mtlflow.benchmarks._graphs import (
+    SPLIT_FILE,
+    GraphBenchmark,
+    GraphDataset,
+    load_store,
+    pack_graphs,
+    random_split_ids,
+    read_split,
+    rows_of,
+    standardise,
+    write_split,
+)
+from mtlflow.benchmarks._molgraphs import categorical_graph_from_smiles, categorical_vocab_sizes
+from mtlflow.benchmarks.base import ConfigField
+from mtlflow.core.errors import DataError
+from mtlflow.core.hashing import file_sha256
+from mtlflow.metrics.regression import with_scale
+from mtlflow.models.base import MultiTaskModel
 
 
 def _optional_positive_int(v: Any) -> bool:
@@ -71,7 +81,7 @@ class MoleculeNetBenchmark(GraphBenchmark):
     def write_data(self, out_dir: Path) -> dict[str, Any]:
         import pandas as pd
 
-        from mtlflow.realdata import realdata_path
+        from mtlflow.benchmarks.realdata import realdata_path
 
         cfg = self.config
         path = realdata_path(*self.realdata_file)

@@ -27,9 +27,11 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from mtlflow.benchmarks.base import Benchmark, ConfigField, MultiTaskModel, TaskSpec
-from mtlflow.classification_metrics import MaskedAccuracy, masked_cross_entropy
-from mtlflow.errors import DataError
+from mtlflow.benchmarks.base import Benchmark, ConfigField
+from mtlflow.core.errors import DataError
+from mtlflow.metrics.classification import MaskedAccuracy, masked_cross_entropy
+from mtlflow.metrics.task import TaskSpec
+from mtlflow.models.base import MultiTaskModel
 
 SPLITS = ("train", "val", "test")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

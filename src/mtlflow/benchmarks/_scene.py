@@ -31,11 +31,19 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from mtlflow.benchmarks.base import Benchmark, ConfigField, MultiTaskModel, TaskSpec
-from mtlflow.dense_metrics import (DEPTH_METRICS, NORMAL_METRICS, depth_loss, normal_loss, segmentation_loss,
-                                   segmentation_metrics)
-from mtlflow.errors import DataError
-from mtlflow.hashing import file_sha256
+from mtlflow.benchmarks.base import Benchmark, ConfigField
+from mtlflow.core.errors import DataError
+from mtlflow.core.hashing import file_sha256
+from mtlflow.metrics.dense import (
+    DEPTH_METRICS,
+    NORMAL_METRICS,
+    depth_loss,
+    normal_loss,
+    segmentation_loss,
+    segmentation_metrics,
+)
+from mtlflow.metrics.task import TaskSpec
+from mtlflow.models.base import MultiTaskModel
 
 SCALES = (1.0, 1.2, 1.5)
 MODELS = ("mtan", "segnet")

@@ -5,7 +5,7 @@ Preparation reads the ARFF with ``scipy.io.arff``, keeps the feature and target 
 seeded random train/val/test split and stores ``table.pt`` (raw values) and ``split.json``.
 Loading standardises the features with training statistics (missing features, ``?`` in ARFF, become
 the training mean, i.e. 0) and, for regression, the targets (losses in standard units, metrics in
-original units, see :mod:`mtlflow.regression_metrics`). Model: an MLP trunk (two hidden ReLU layers)
+original units, see :mod:`mtlflow.metrics.regression`). Model: an MLP trunk (two hidden ReLU layers)
 with one linear output per task.
 """
 
@@ -22,10 +22,10 @@ from torch.utils.data import Dataset
 
 from mtlflow.benchmarks._graphs import SPLIT_FILE, random_split_ids, read_split, standardise, write_split
 from mtlflow.benchmarks._molnet import verify_realdata_file
-from mtlflow.benchmarks.base import (Benchmark, ConfigField, MultiTaskModel, MultiTaskTensorDataset,
-                                     load_tensor_file)
-from mtlflow.errors import DataError
-from mtlflow.regression_metrics import with_scale
+from mtlflow.benchmarks.base import Benchmark, ConfigField, MultiTaskTensorDataset, load_tensor_file
+from mtlflow.core.errors import DataError
+from mtlflow.metrics.regression import with_scale
+from mtlflow.models.base import MultiTaskModel
 
 
 def _fraction(v: Any) -> bool:
@@ -91,7 +91,7 @@ class TabularBenchmark(Benchmark):
         return f"re-run `mtlflow prepare --benchmark {self.name}`"
 
     def _source(self) -> Path:
-        from mtlflow.realdata import realdata_path
+        from mtlflow.benchmarks.realdata import realdata_path
 
         path = realdata_path(*self.realdata_file)
         if path is None:

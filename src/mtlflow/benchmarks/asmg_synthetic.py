@@ -10,7 +10,7 @@ For x ∈ R^d, with the ellipsoid weights w_i = 10^{2(i−1)/(d−1)} and s_i = 
   (Σ w_i |x_i|^½, 10d + Σ ((s_i x_i)² − 10 cos(2π s_i x_i))); Pareto set P_3 = {0}.
 
 The metric is ℰ = dist(x, P), the Euclidean distance of the returned mean to the set. Start: μ_0 drawn
-from U[0, 1]^d, Σ_0 = I (thesis). ``mtlflow asmg-synthetic`` (:mod:`mtlflow.blackbox.experiments`) runs
+from U[0, 1]^d, Σ_0 = I (thesis). ``mtlflow asmg-synthetic`` (:mod:`mtlflow.experiments.asmg_synthetic`) runs
 ASMG on them; as a registered benchmark (``mtlflow train --benchmark asmg-synthetic --method asmg``)
 the point x is the model's only parameter and each head evaluates one objective, like ``toy``.
 """
@@ -27,8 +27,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from mtlflow.benchmarks.base import Benchmark, ConfigField, MultiTaskModel, MultiTaskTensorDataset, TaskSpec
-from mtlflow.taskmetrics import ObjectiveValue
+from mtlflow.benchmarks.base import Benchmark, ConfigField, MultiTaskTensorDataset
+from mtlflow.metrics.task import ObjectiveValue, TaskSpec
+from mtlflow.models.base import MultiTaskModel
 
 
 @functools.lru_cache(maxsize=32)

@@ -16,80 +16,14 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from mtlflow import atomic
-from mtlflow.errors import DataError, InvalidParameterError
-from mtlflow.hashing import MANIFEST_NAME, combine_hashes, file_hashes
-from mtlflow.taskmetrics import Metric
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """One task: its loss, its metrics and the metric used for Pareto sets and hypervolume.
-
-    ``loss(pred, target)`` returns the batch-mean loss. ``metrics`` are factories of
-    :class:`~mtlflow.taskmetrics.Metric`. ``hv_reference`` is the reference value of the primary
-    metric's error (see :func:`mtlflow.taskmetrics.metric_error`) used for the hypervolume.
-    """
-
-    name: str
-    loss: Callable[[Tensor, Tensor], Tensor]
-    metrics: tuple[type[Metric], ...]
-    primary: str
-    hv_reference: float
-
-    def metric_specs(self) -> dict[str, dict[str, bool]]:
-        specs = {m.name: {"higher_is_better": m.higher_is_better, "unit_interval": m.unit_interval}
-                 for m in self.metrics}
-        specs["loss"] = {"higher_is_better": False, "unit_interval": False}
-        return specs
-
-
-class MultiTaskModel(nn.Module):
-    """A shared trunk followed by one head per task.
-
-    ``forward(x)`` returns the list of per-task predictions. The split is explicit so that the
-    gradient engine can take per-task gradients with respect to :meth:`shared_parameters` (or to the
-    shared representation) and give every head its own gradient.
-    """
-
-    def __init__(self, trunk: nn.Module, heads: Sequence[nn.Module], task_names: Sequence[str]):
-        super().__init__()
-        if len(heads) != len(task_names):
-            raise ValueError("one head per task is required")
-        self.trunk = trunk
-        self.heads = nn.ModuleList(heads)
-        self.task_names = list(task_names)
-
-    def features(self, x: Any) -> Tensor:
-        return self.trunk(x)
-
-    def forward_heads(self, z: Tensor) -> list[Tensor]:
-        return [head(z) for head in self.heads]
-
-    def forward(self, x: Any) -> list[Tensor]:
-        return self.forward_heads(self.features(x))
-
-    def trunk_task_parameters(self, index: int) -> list[nn.Parameter]:
-        """Parameters inside the trunk that only task ``index`` uses (SegNet-MTAN's attention masks); none
-        by default. They belong to that task, not to the shared set."""
-        return []
-
-    def shared_parameters(self) -> list[nn.Parameter]:
-        """The parameters every task's output depends on: the trunk minus any task-specific trunk parameters.
-
-        One definition for the gradient engine (per-task gradients), COST (adapters on the shared trunk
-        only, paper Fig. 4) and PaLoRA; ``tests/test_shared_parameters.py`` checks it against per-task
-        autograd reachability on every benchmark's model."""
-        own = {id(p) for i in range(len(self.heads)) for p in self.trunk_task_parameters(i)}
-        return [p for p in self.trunk.parameters() if p.requires_grad and id(p) not in own]
-
-    def task_parameters(self, index: int) -> list[nn.Parameter]:
-        """Head ``index`` plus the trunk parameters only task ``index`` uses: they get the plain ∇L_index."""
-        head = [p for p in self.heads[index].parameters() if p.requires_grad]
-        return head + [p for p in self.trunk_task_parameters(index) if p.requires_grad]
+from mtlflow.core import atomic
+from mtlflow.core.errors import DataError, InvalidParameterError
+from mtlflow.core.hashing import MANIFEST_NAME, combine_hashes, file_hashes
+from mtlflow.metrics.task import TaskSpec
+from mtlflow.models.base import MultiTaskModel
 
 
 class MultiTaskTensorDataset(Dataset):
@@ -196,6 +130,12 @@ class Benchmark:
     def method_defaults(self, method: str) -> dict[str, Any]:
         """Benchmark-specific hyper-parameter defaults of ``method`` (from the papers' recipes)."""
         return {}
+
+    @property
+    def loss_lower_bounds(self) -> list[float] | None:
+        """Lower bounds of the task losses when they can be negative (methods working on log-losses or
+        loss ratios take them as ``min_losses``); None when the losses are non-negative."""
+        return None
 
     # -- shared behaviour -----------------------------------------------------------------------
     @property

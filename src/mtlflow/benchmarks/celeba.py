@@ -25,11 +25,12 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from mtlflow.benchmarks.base import (Benchmark, ConfigField, MultiTaskModel, PublishedReferences, TaskSpec,
-                                     load_tensor_file)
-from mtlflow.classification_metrics import BinaryAccuracy, BinaryF1, masked_binary_cross_entropy
-from mtlflow.errors import DataError
-from mtlflow.hashing import file_sha256
+from mtlflow.benchmarks.base import Benchmark, ConfigField, PublishedReferences, load_tensor_file
+from mtlflow.core.errors import DataError
+from mtlflow.core.hashing import file_sha256
+from mtlflow.metrics.classification import BinaryAccuracy, BinaryF1, masked_binary_cross_entropy
+from mtlflow.metrics.task import TaskSpec
+from mtlflow.models.base import MultiTaskModel
 
 ATTRIBUTES = (
     "5_o_Clock_Shadow", "Arched_Eyebrows", "Attractive", "Bags_Under_Eyes", "Bald", "Bangs", "Big_Lips", "Big_Nose",

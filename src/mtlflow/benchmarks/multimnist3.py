@@ -22,12 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from mtlflow.benchmarks.base import (Benchmark, ConfigField, MultiTaskModel, MultiTaskTensorDataset, TaskSpec,
-                                     load_tensor_file)
+from mtlflow.benchmarks.base import Benchmark, ConfigField, MultiTaskTensorDataset, load_tensor_file
 from mtlflow.benchmarks.multimnist import DIGIT, SPLITS, fraction, positive_int, source_pools
-from mtlflow.errors import DataError
+from mtlflow.core.errors import DataError
+from mtlflow.metrics.task import Accuracy, TaskSpec
+from mtlflow.models.base import MultiTaskModel
 from mtlflow.models.lenet import LeNetTrunk, classification_head
-from mtlflow.taskmetrics import Accuracy
 
 CANVAS = 42
 SIZE = 28

@@ -10,8 +10,8 @@ Graphs, model and split as :mod:`mtlflow.benchmarks.tox21`. Recipe defaults (Ada
 from __future__ import annotations
 
 from mtlflow.benchmarks._molnet import MoleculeNetBenchmark
-from mtlflow.benchmarks.base import TaskSpec
-from mtlflow.regression_metrics import MAE, standardised_mse
+from mtlflow.metrics.regression import MAE, standardised_mse
+from mtlflow.metrics.task import TaskSpec
 
 TARGETS = ("E1-CC2", "E2-CC2", "f1-CC2", "f2-CC2", "E1-PBE0", "E2-PBE0", "f1-PBE0", "f2-PBE0", "E1-CAM", "E2-CAM",
            "f1-CAM", "f2-CAM")

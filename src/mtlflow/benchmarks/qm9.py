@@ -15,7 +15,7 @@ Sources (option ``source``):
   coordinates and properties of 130,831 molecules, the same set as ``torch_geometric.datasets.QM9``).
   The package is never imported (it fails on current setuptools); its CSV files are read by path.
   Graphs: atoms in xyz order with the DFT positions; bonds from the SMILES mapped onto the geometry
-  (:func:`mtlflow.molgraphs.qm9_graph_from_xyz`); node/edge features in PyG's QM9 format.
+  (:func:`mtlflow.benchmarks._molgraphs.qm9_graph_from_xyz`); node/edge features in PyG's QM9 format.
 * ``realdata-aimnet``: the QM9 SMILES subsets in ``shared/realdata/qm9`` (26,777 molecules with
   MoleculeNet targets) -- graphs from SMILES with an ETKDG conformer instead of the DFT geometry.
 
@@ -35,14 +35,30 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mtlflow.benchmarks._graphs import (SPLIT_FILE, GraphBenchmark, GraphDataset, load_store, pack_graphs,
-                                        random_split_ids, read_split, rows_of, standardise,
-                                        write_split)
+from mtlflow.benchmarks._graphs import (
+    SPLIT_FILE,
+    GraphBenchmark,
+    GraphDataset,
+    load_store,
+    pack_graphs,
+    random_split_ids,
+    read_split,
+    rows_of,
+    standardise,
+    write_split,
+)
+from mtlflow.benchmarks._molgraphs import (
+    QM9_NODE_FEATURES,
+    parse_number_list,
+    qm9_graph_from_smiles,
+    qm9_graph_from_xyz,
+)
 from mtlflow.benchmarks._molnet import verify_realdata_file
-from mtlflow.benchmarks.base import ConfigField, MultiTaskModel, PublishedReferences, TaskSpec
-from mtlflow.errors import DataError
-from mtlflow.molgraphs import QM9_NODE_FEATURES, parse_number_list, qm9_graph_from_smiles, qm9_graph_from_xyz
-from mtlflow.regression_metrics import MAE, standardised_mse, with_scale
+from mtlflow.benchmarks.base import ConfigField, PublishedReferences
+from mtlflow.core.errors import DataError
+from mtlflow.metrics.regression import MAE, standardised_mse, with_scale
+from mtlflow.metrics.task import TaskSpec
+from mtlflow.models.base import MultiTaskModel
 
 HARTREE_TO_EV = 27.211386246
 KCAL_PER_MOL_TO_EV = 0.04336414
@@ -282,7 +298,7 @@ class QM9(GraphBenchmark):
     def _read_aimnet(self):
         import pandas as pd
 
-        from mtlflow.realdata import realdata_path
+        from mtlflow.benchmarks.realdata import realdata_path
 
         paths = [realdata_path("qm9", f) for f in AIMNET_FILES]
         if any(p is None for p in paths):

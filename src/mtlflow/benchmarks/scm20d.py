@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from mtlflow.benchmarks._tabular import TabularBenchmark
-from mtlflow.benchmarks.base import TaskSpec
-from mtlflow.regression_metrics import MAE, RMSE, standardised_mse
+from mtlflow.metrics.regression import MAE, RMSE, standardised_mse
+from mtlflow.metrics.task import TaskSpec
 
 N_TARGETS = 16
 TARGETS = ("LBL",) + tuple(f"MTLp{i}A" for i in range(2, 17))
@@ -40,7 +40,7 @@ class SCM20D(TabularBenchmark):
 
 
 def raise_unexpected(found: Sequence[str]) -> None:
-    from mtlflow.errors import DataError
+    from mtlflow.core.errors import DataError
 
     raise DataError(f"scm20d.arff's last {N_TARGETS} attributes are {list(found)}, expected {list(TARGETS)}; "
                     "restore the shared realdata file")

@@ -11,8 +11,8 @@ defaults (Adam 1e-3, batch 128, 50 epochs) are mtlflow's.
 from __future__ import annotations
 
 from mtlflow.benchmarks._molnet import MoleculeNetBenchmark
-from mtlflow.benchmarks.base import TaskSpec
-from mtlflow.classification_metrics import BinaryAccuracy, RocAuc, masked_binary_cross_entropy
+from mtlflow.metrics.classification import BinaryAccuracy, RocAuc, masked_binary_cross_entropy
+from mtlflow.metrics.task import TaskSpec
 
 ASSAYS = ("NR-AR", "NR-AR-LBD", "NR-AhR", "NR-Aromatase", "NR-ER", "NR-ER-LBD", "NR-PPAR-gamma", "SR-ARE",
           "SR-ATAD5", "SR-HSE", "SR-MMP", "SR-p53")

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Sequence
 
 from mtlflow.benchmarks._tabular import TabularBenchmark
-from mtlflow.benchmarks.base import TaskSpec
-from mtlflow.classification_metrics import BinaryAccuracy, BinaryF1, RocAuc, masked_binary_cross_entropy
-from mtlflow.errors import DataError
+from mtlflow.core.errors import DataError
+from mtlflow.metrics.classification import BinaryAccuracy, BinaryF1, RocAuc, masked_binary_cross_entropy
+from mtlflow.metrics.task import TaskSpec
 
 #: Label names in the order of ``yeast.xml`` (Mulan's label file).
 LABELS = ("Class1", "Class2", "Class3", "Class6", "Class4", "Class10", "Class11", "Class5", "Class7", "Class8",

@@ -28,12 +28,22 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from mtlflow.errors import UnknownNameError
+from mtlflow.core.errors import UnknownNameError
 from mtlflow.grad_engine._flat import accumulate_grads, flatten_rows, write_flat_grad
-from mtlflow.grad_engine.backends import (JACOBIAN_BACKENDS, AutogramGramian, AutojacBackend, BatchedBackend,
-                                          ForwardPass, FuncBackend, JacobianBackend, LoopBackend, StepProblem,
-                                          backward_heads, backward_shared_weighted,
-                                          representation_jacobian)
+from mtlflow.grad_engine.backends import (
+    JACOBIAN_BACKENDS,
+    AutogramGramian,
+    AutojacBackend,
+    BatchedBackend,
+    ForwardPass,
+    FuncBackend,
+    JacobianBackend,
+    LoopBackend,
+    StepProblem,
+    backward_heads,
+    backward_shared_weighted,
+    representation_jacobian,
+)
 
 __all__ = ["BACKENDS", "GRAMIAN_BACKENDS", "JACOBIAN_BACKENDS", "GRAD_WRT", "AutogramGramian", "AutojacBackend",
            "BatchedBackend", "ForwardPass", "FuncBackend", "JacobianBackend", "LoopBackend", "StepProblem",

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mtlflow.errors import UnknownNameError
-from mtlflow.methods.base import (GradientMethod, GradInput, GramianWeighting, HParam, LossWeighting, Method,
-                                  StepContext)
+from mtlflow.core.errors import UnknownNameError
+from mtlflow.core.hparams import HParam
+from mtlflow.methods.base import GradientMethod, GradInput, GramianWeighting, LossWeighting, Method, StepContext
 
 __all__ = ["Method", "LossWeighting", "GradientMethod", "GramianWeighting", "GradInput", "HParam",
            "StepContext", "MethodInfo", "available", "get", "build", "info"]
@@ -30,7 +30,7 @@ def _registry() -> dict[str, type[Method]]:
     global _REGISTRY
     if _REGISTRY is None:
         import mtlflow.methods as package
-        from mtlflow.registry import discover
+        from mtlflow.core.registry import discover
 
         _REGISTRY = discover(package, Method, skip=("base", "solvers"))
     return _REGISTRY

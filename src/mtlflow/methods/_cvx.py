@@ -11,7 +11,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from mtlflow.errors import SolverError
+from mtlflow.core.errors import SolverError
 
 #: cvxpy solvers able to handle the exponential cones that ``log`` constraints compile to.
 EXP_CONE_SOLVERS = ("CLARABEL", "ECOS", "SCS", "MOSEK")

@@ -33,9 +33,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, Subset
 
-from mtlflow.errors import InvalidParameterError, NonFiniteLossError
+from mtlflow.core.errors import InvalidParameterError, NonFiniteLossError
+from mtlflow.core.hparams import HParam, positive
 from mtlflow.methods._support import MethodGenerator
-from mtlflow.methods.base import HParam, positive
 from mtlflow.methods.moco import project_to_simplex
 
 UPPER_LEVELS = ("task-weights", "sample-weights")

@@ -11,7 +11,7 @@ training dtype.
   float64 copy never exceeds :data:`FLOAT64_BLOCK` entries.
 * :func:`gramian_array` -- a Gramian handed over as a tensor (e.g. by TorchJD's autogram engine,
   which accumulates it in the model's dtype) as a symmetric float64 numpy array; NaN/Inf raise
-  :class:`~mtlflow.errors.NonFiniteValueError`, and a Gramian with eigenvalues below
+  :class:`~mtlflow.core.errors.NonFiniteValueError`, and a Gramian with eigenvalues below
   -:data:`PSD_TOLERANCE`·λmax (one formed in low precision) is replaced by its nearest PSD matrix
   (negative eigenvalues set to 0; the Frobenius-nearest PSD matrix), which changes it by no more than
   its own rounding error.
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtlflow.errors import NonFiniteValueError
+from mtlflow.core.errors import NonFiniteValueError
 
 #: largest number of float64 entries of J converted at once by :func:`gramian_float64`
 FLOAT64_BLOCK = 1 << 22

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.core.hparams import HParam
 from mtlflow.methods._numerics import gramian_array
-from mtlflow.methods.base import HParam
 
 
 class MethodGenerator:
@@ -59,7 +59,7 @@ class MethodGenerator:
 
 def gramian_numpy(gramian: Tensor, method: str) -> np.ndarray:
     """The K x K Gramian as a symmetric PSD float64 numpy array (the small solvers run on the CPU);
-    NaN or Inf raise :class:`~mtlflow.errors.NonFiniteValueError` (see :mod:`mtlflow.methods._numerics`)."""
+    NaN or Inf raise :class:`~mtlflow.core.errors.NonFiniteValueError` (see :mod:`mtlflow.methods._numerics`)."""
     return gramian_array(gramian, method)
 
 

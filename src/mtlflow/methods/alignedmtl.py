@@ -25,8 +25,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from mtlflow.core.hparams import HParam
 from mtlflow.methods._numerics import gramian_array
-from mtlflow.methods.base import GramianWeighting, HParam
+from mtlflow.methods.base import GramianWeighting
 
 SCALE_MODES = ("min", "median", "rmse")
 

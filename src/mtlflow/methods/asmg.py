@@ -1,7 +1,7 @@
 """ASMG and ASMG-EW as trainer methods: black-box multi-task training from loss evaluations only.
 
 Ye, PhD thesis UTS 2024, Chapter 4, Algorithm 3 (Ye, Lyu, Wang, Zhang & Tsang, ICLR 2024); the
-algorithm itself is :mod:`mtlflow.blackbox.asmg`. The chosen parameter subset (``params``) is the
+algorithm itself is :mod:`mtlflow.methods._blackbox`. The chosen parameter subset (``params``) is the
 mean μ of a Gaussian search distribution with diagonal covariance Σ (Σ_0 = sigma0 · I). Every step
 evaluates the K task losses of the step's batch at μ_t and at N samples μ_t + Σ^{1/2} z_j (N + 1
 forward passes, no backward pass: ``.grad`` is never written), then applies Eqs. 4.12–4.17 (λ from the
@@ -29,9 +29,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from mtlflow.blackbox.asmg import ASMG, UPDATES, ASMGConfig
-from mtlflow.errors import DataError, InvalidParameterError
-from mtlflow.methods.base import HParam, Method, positive
+from mtlflow.core.errors import DataError, InvalidParameterError
+from mtlflow.core.hparams import HParam, positive
+from mtlflow.methods._blackbox import ASMG, UPDATES, ASMGConfig
+from mtlflow.methods.base import Method
 
 PARAM_SUBSETS = ("all", "heads", "head-last")
 

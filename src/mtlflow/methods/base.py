@@ -21,14 +21,14 @@ so checkpoints resume exactly.
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 import torch
 from torch import Tensor
 
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.core.hparams import HParam
 from mtlflow.methods._numerics import gramian_float64
 
 
@@ -39,45 +39,6 @@ class GradInput(enum.Enum):
     JACOBIAN = "jacobian"              # per-task gradients w.r.t. the shared parameters, [K, P]
     GRAMIAN = "gramian"                # only G Gᵀ, [K, K]
     REPRESENTATION = "representation"  # per-task gradients w.r.t. the shared features
-
-
-@dataclass(frozen=True)
-class HParam:
-    """A hyper-parameter: default, help text and the constraint it must satisfy."""
-
-    default: Any
-    help: str
-    check: Callable[[Any], bool] | None = None
-    requirement: str = ""
-    kind: type | None = None
-
-    def coerce(self, method: str, name: str, value: Any) -> Any:
-        kind = self.kind or (type(self.default) if self.default is not None else None)
-        if isinstance(value, bool) and kind is not bool:
-            raise InvalidParameterError(f"{method}: hyper-parameter {name}={value!r} must be a number, not a boolean")
-        if kind is float and isinstance(value, int):
-            value = float(value)
-        if kind is not None and value is not None and not isinstance(value, kind):
-            raise InvalidParameterError(
-                f"{method}: hyper-parameter {name}={value!r} must be of type {kind.__name__}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise InvalidParameterError(f"{method}: hyper-parameter {name}={value!r} must be finite")
-        if self.check is not None and not self.check(value):
-            raise InvalidParameterError(
-                f"{method}: hyper-parameter {name}={value!r} is invalid; it must be {self.requirement}")
-        return value
-
-
-def positive(v: Any) -> bool:
-    return v > 0
-
-
-def non_negative(v: Any) -> bool:
-    return v >= 0
-
-
-def unit_interval(v: Any) -> bool:
-    return 0 <= v <= 1
 
 
 #: Accepted by every method (not stored in ``hp``): which scale convention the trainer applies to its

@@ -19,7 +19,7 @@ tolerances are not). K = 2: the dual is one-dimensional and its minimiser has a 
 official toy script uses a scalar minimiser). Every solve is certified by weak duality: for any
 w ∈ Δ and feasible d, min_i ⟨g_i, d⟩ ≤ ⟨g_w, d⟩ ≤ F(w), so F(w) − min_i ⟨g_i, d(w)⟩ ≥ 0 bounds the
 suboptimality of both; when it exceeds ``gap_tol`` (relative to max_i ‖g_i‖²) the step raises
-:class:`~mtlflow.errors.SolverError` instead of using an inaccurate solve silently.
+:class:`~mtlflow.core.errors.SolverError` instead of using an inaccurate solve silently.
 
 Degenerate case: when g_w* = 0 (0 lies in the convex hull of the gradients, e.g. anti-parallel
 gradients on a Pareto front) the formula is 0/0 and the primal optimum is not unique: every d in the
@@ -42,9 +42,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtlflow.errors import SolverError
+from mtlflow.core.errors import SolverError
+from mtlflow.core.hparams import HParam, positive
 from mtlflow.methods._numerics import gramian_array
-from mtlflow.methods.base import GramianWeighting, HParam, positive
+from mtlflow.methods.base import GramianWeighting
 from mtlflow.methods.upgrad import dual_cone_weights
 
 #: ‖g_w*‖² below this times max_i ‖g_i‖² counts as g_w* = 0 (0 in the convex hull of the gradients).

@@ -26,10 +26,17 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from mtlflow.errors import InvalidParameterError
-from mtlflow.methods._support import (head_parameters, loss_bounds, min_losses_hparam, scale_head_gradients,
-                                      shifted_losses)
-from mtlflow.methods.base import GradientMethod, HParam, non_negative
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.core.hparams import HParam, non_negative
+from mtlflow.methods._support import (
+    head_parameters,
+    loss_bounds,
+    min_losses_hparam,
+    scale_head_gradients,
+    shifted_losses,
+)
+from mtlflow.methods.base import GradientMethod
+
 
 def max_norm_balance(ema_grads: Tensor) -> tuple[Tensor, Tensor]:
     """(d, α): d = Σ_i α_i ĝ_i with α_i = max_j ||ĝ_j|| / ||ĝ_i|| (α_i = 0 for a zero row).

@@ -28,8 +28,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mtlflow.core.hparams import HParam, positive
 from mtlflow.methods._support import loss_bounds, min_losses_hparam, shifted_losses
-from mtlflow.methods.base import HParam, LossWeighting, positive
+from mtlflow.methods.base import LossWeighting
 
 
 class DynamicWeightAverage(LossWeighting):

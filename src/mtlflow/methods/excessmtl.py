@@ -37,7 +37,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mtlflow.methods.base import GradientMethod, HParam, non_negative, positive
+from mtlflow.core.hparams import HParam, non_negative, positive
+from mtlflow.methods.base import GradientMethod
 
 EPS = 1e-7
 

@@ -16,7 +16,7 @@ gradients (0 in their convex hull: a zero task gradient, an anti-parallel pair; 
 ``FAIRGRAD_STATIONARITY_TOL`` in correlation units) the weights are the min-norm (MGDA) weights, a
 zero update at an exactly stationary point, counted in ``stationary_steps``; all-zero gradients give
 d = 0 as every other method. Every solve is residual-checked (``FAIRGRAD_RESIDUAL_TOL``) and raises
-:class:`~mtlflow.errors.SolverError` otherwise; the official code accepts whatever scipy returns.
+:class:`~mtlflow.core.errors.SolverError` otherwise; the official code accepts whatever scipy returns.
 """
 
 from __future__ import annotations
@@ -27,10 +27,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mtlflow.core.hparams import HParam, positive
 from mtlflow.methods._numerics import gramian_array
-from mtlflow.methods.base import GramianWeighting, HParam, positive
-from mtlflow.methods.solvers import (FAIRGRAD_STATIONARITY_TOL, fairgrad_weights, min_norm_weights_qp,
-                                     stationarity_margin)
+from mtlflow.methods.base import GramianWeighting
+from mtlflow.methods.solvers import (
+    FAIRGRAD_STATIONARITY_TOL,
+    fairgrad_weights,
+    min_norm_weights_qp,
+    stationarity_margin,
+)
 
 
 class FairGrad(GramianWeighting):

@@ -22,9 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.core.hparams import HParam, non_negative, positive
 from mtlflow.methods._support import loss_bounds, min_losses_hparam
-from mtlflow.methods.base import HParam, LossWeighting, StepContext, non_negative, positive
+from mtlflow.methods.base import LossWeighting, StepContext
 
 
 class FAMO(LossWeighting):

@@ -43,9 +43,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtlflow.errors import NonFiniteValueError, SolverError
+from mtlflow.core.errors import NonFiniteValueError, SolverError
+from mtlflow.core.hparams import HParam, positive
 from mtlflow.methods._moblo import BilevelState, check_finite, common_hparams, step_model
-from mtlflow.methods.base import HParam, Method, positive
+from mtlflow.methods.base import Method
 from mtlflow.methods.solvers import min_norm_weights_qp
 
 #: ‖∇q̃‖² at or below this fraction of the largest squared gradient norm counts as 0 (q̃ is stationary)

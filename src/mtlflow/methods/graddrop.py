@@ -28,8 +28,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mtlflow.core.hparams import HParam, unit_interval
 from mtlflow.methods._support import MethodGenerator
-from mtlflow.methods.base import GradientMethod, HParam, unit_interval
+from mtlflow.methods.base import GradientMethod
 
 
 def sign_purity(grads: Tensor) -> Tensor:

@@ -27,8 +27,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mtlflow.core.hparams import HParam, non_negative
 from mtlflow.methods._support import last_shared_layer, loss_bounds, min_losses_hparam, shifted_losses
-from mtlflow.methods.base import HParam, LossWeighting, StepContext, non_negative
+from mtlflow.methods.base import LossWeighting, StepContext
 
 WEIGHT_FLOOR = 1e-6
 

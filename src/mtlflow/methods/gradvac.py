@@ -29,8 +29,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mtlflow.core.hparams import HParam, unit_interval
 from mtlflow.methods._support import MethodGenerator, gramian_numpy
-from mtlflow.methods.base import GramianWeighting, HParam, unit_interval
+from mtlflow.methods.base import GramianWeighting
 
 
 def gradvac_coefficients(gramian: np.ndarray, targets: np.ndarray, orders: Sequence[Sequence[int]],

@@ -24,8 +24,14 @@ import torch
 from torch import Tensor
 
 from mtlflow.methods._numerics import gramian_float64
-from mtlflow.methods._support import (gramian_numpy, head_parameters, loss_bounds, min_losses_hparam,
-                                      scale_head_gradients, shifted_losses)
+from mtlflow.methods._support import (
+    gramian_numpy,
+    head_parameters,
+    loss_bounds,
+    min_losses_hparam,
+    scale_head_gradients,
+    shifted_losses,
+)
 from mtlflow.methods.base import GradientMethod, StepContext
 from mtlflow.methods.imtlg import imtlg_weights
 

@@ -15,7 +15,7 @@ when tasks nearly agree: with near-duplicate fp32 gradients it returned α ≈ �
 direction. When Σ (G⁺ √diag G)_i = 0 (e.g. two exactly opposite gradients of equal norm) the only
 solutions with Σα = 1 are null vectors of G, which give d = 0 (projections all 0); that α is
 returned. Every full-rank solve is checked: an equal-projection residual above
-:data:`PROJECTION_TOL`·‖d‖ raises :class:`~mtlflow.errors.SolverError` -- nothing is silently
+:data:`PROJECTION_TOL`·‖d‖ raises :class:`~mtlflow.core.errors.SolverError` -- nothing is silently
 replaced. Tasks with a zero gradient get α = 0 (u is undefined for them).
 Σ α_i = 1 puts d on the scale of the mean gradient, so the trainer rescales it by K
 (``natural_scale = "mean"``; LibMTL and the Nash-MTL/FAMO code use Σ α_i L_i, i.e. no ×K:
@@ -29,10 +29,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtlflow.errors import SolverError
+from mtlflow.core.errors import SolverError
 from mtlflow.methods._support import gramian_numpy
 from mtlflow.methods.base import GramianWeighting
-
 
 #: largest max_i |d·u_i − mean| / ‖d‖ accepted from a solve on linearly independent gradients
 PROJECTION_TOL = 1e-6

@@ -71,9 +71,10 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from mtlflow.errors import InvalidParameterError, NonFiniteLossError
+from mtlflow.core.errors import InvalidParameterError, NonFiniteLossError
+from mtlflow.core.hparams import HParam, non_negative, positive
 from mtlflow.methods._support import loss_bounds, min_losses_hparam
-from mtlflow.methods.base import HParam, LossWeighting, StepContext, non_negative, positive
+from mtlflow.methods.base import LossWeighting, StepContext
 
 TAUS = ("sigma", "one")
 NORMALISATIONS = ("none", "log", "rescale")
@@ -153,7 +154,7 @@ def batch_features_reader(model: Any, stacked: str = "concat") -> Callable[[Any]
     ``[B, K·C, ...]`` (``stacked="concat"``: the width behind App. A.1's router parameter counts, 128 = 2 x 64
     on CityScapes, 192 = 3 x 64 on NYU-v2) or their mean ``[B, C, ...]`` (``stacked="mean"``); else the
     features as they are."""
-    from mtlflow.benchmarks.base import MultiTaskModel
+    from mtlflow.models.base import MultiTaskModel
 
     own = getattr(model, "batch_features", None)
     if callable(own):

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from mtlflow.methods.base import GramianWeighting, HParam, positive
+from mtlflow.core.hparams import HParam, positive
+from mtlflow.methods.base import GramianWeighting
 from mtlflow.methods.solvers import min_norm_weights_frank_wolfe, min_norm_weights_qp
 
 

@@ -28,8 +28,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mtlflow.errors import SolverError
-from mtlflow.methods.base import GradInput, GramianWeighting, HParam, positive
+from mtlflow.core.errors import SolverError
+from mtlflow.core.hparams import HParam, positive
+from mtlflow.methods.base import GradInput, GramianWeighting
 from mtlflow.methods.solvers import min_norm_weights_frank_wolfe, min_norm_weights_qp
 
 NORMALIZATIONS = ("none", "l2", "loss", "loss+")

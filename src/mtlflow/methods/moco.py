@@ -41,9 +41,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mtlflow.errors import NonFiniteValueError
+from mtlflow.core.errors import NonFiniteValueError
+from mtlflow.core.hparams import HParam, non_negative, positive
 from mtlflow.methods._numerics import gramian_float64
-from mtlflow.methods.base import GradientMethod, HParam, non_negative, positive
+from mtlflow.methods.base import GradientMethod
 
 
 def project_to_simplex(v: Tensor) -> Tensor:

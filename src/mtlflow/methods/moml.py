@@ -33,9 +33,10 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.core.hparams import HParam
 from mtlflow.methods._moblo import BilevelState, check_finite, common_hparams, step_model
-from mtlflow.methods.base import GradientMethod, HParam, Method
+from mtlflow.methods.base import GradientMethod, Method
 
 
 def unrolled_hypergradients(variable: Tensor, params0: dict[str, Tensor],

@@ -24,7 +24,7 @@ Differences from the official code (AvivNavon/nash-mtl), by design:
   previous weights when the solve raises -- with cvxpy ≥ 1.6 ECOS is not installed and Nash-MTL
   silently becomes fixed-weight training (nash-mtl issue #21). Here the solver (default Clarabel,
   installed with cvxpy) is checked at construction and every solve's status is checked: a missing
-  solver or a non-optimal status raises :class:`~mtlflow.errors.SolverError`.
+  solver or a non-optimal status raises :class:`~mtlflow.core.errors.SolverError`.
 * Units: the problem is solved for the scale-free Gramian C_n = D GᵀG D / ‖D GᵀG D‖_F with
   D = diag(1/‖g_i‖) (the correlation matrix of the gradients, Frobenius-normalised), and mapped back
   by α = D α_n / √‖D GᵀG D‖_F. The fixed point α ⊙ GᵀGα = 1 is invariant under this change of
@@ -62,10 +62,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtlflow.errors import SolverError
-from mtlflow.methods._numerics import gramian_array
+from mtlflow.core.errors import SolverError
+from mtlflow.core.hparams import HParam, positive
 from mtlflow.methods._cvx import EXP_CONE_SOLVERS, require_solver, solve_checked
-from mtlflow.methods.base import UPDATE_WEIGHTS_EVERY, GramianWeighting, HParam, positive
+from mtlflow.methods._numerics import gramian_array
+from mtlflow.methods.base import UPDATE_WEIGHTS_EVERY, GramianWeighting
 from mtlflow.methods.solvers import min_norm_weights_qp
 
 

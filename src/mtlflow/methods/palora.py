@@ -51,18 +51,19 @@ Where the paper is silent, and what mtlflow does:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from mtlflow import atomic
-from mtlflow.callbacks import Callback, StepState
-from mtlflow.errors import DataError, InvalidParameterError, NonFiniteLossError
-from mtlflow.methods.base import HParam, Method, non_negative, positive
-from mtlflow.pareto.adapters import FACTORIZATIONS, AdapterSpec, PreferenceAdapters, parameter_overhead
-from mtlflow.pareto.simplex import (SCHEDULES, PreferenceSchedule, default_eval_subdivisions, default_rays,
-                                    simplex_grid)
+from mtlflow.core import atomic
+from mtlflow.core.callbacks import Callback, StepState
+from mtlflow.core.errors import DataError, InvalidParameterError, NonFiniteLossError
+from mtlflow.core.hparams import HParam, non_negative, positive
+from mtlflow.methods.base import Method
+from mtlflow.pareto.adapters import FACTORIZATIONS, PreferenceAdapters
+from mtlflow.pareto.front import evaluate_front, front_plot, front_record, select_front, task_info
+from mtlflow.pareto.simplex import SCHEDULES, PreferenceSchedule, default_eval_subdivisions, default_rays, simplex_grid
 
 
 def _positive_int(v: Any) -> bool:
@@ -211,7 +212,7 @@ class PaLoRA(Method):
     def front_due(self, epoch: int, epochs: int, select: str) -> bool:
         """Whether the front is evaluated after ``epoch``: every ``front_every`` epochs and in every epoch
         the selection rule averages (so the final front always exists)."""
-        from mtlflow.train import parse_selection
+        from mtlflow.metrics.selection import parse_selection
 
         _, window = parse_selection(select)
         every = self.hp["front_every"]
@@ -219,13 +220,11 @@ class PaLoRA(Method):
 
     def evaluate_front(self, trainer: Any) -> dict[str, Any]:
         """The front record of the current model on the val and test splits."""
-        from mtlflow.pareto.front import evaluate_front, front_record
-
         by_split = {split: evaluate_front(trainer.model, self.adapters, trainer.bench, trainer.data.splits[split],
                                           trainer.tasks, trainer.task_index, self.eval_preferences,
                                           trainer.config.eval_batch_size, trainer.device)
                     for split in ("val", "test")}
-        return front_record(self.eval_preferences, by_split, *_task_info(trainer.tasks))
+        return front_record(self.eval_preferences, by_split, *task_info(trainer.tasks))
 
     def model_blob_extra(self) -> dict[str, Any]:
         """What ``model.pt`` carries besides the merged centre network: the adapters and the grid."""
@@ -245,12 +244,6 @@ class PaLoRA(Method):
         self.total_steps = int(state.get("total_steps", self.total_steps))
 
 
-def _task_info(tasks: Sequence[Any]) -> tuple[list[str], dict[str, str], dict[str, Any], list[float]]:
-    """(names, primary metric, metric specs, hypervolume reference point) of task specs."""
-    return ([t.name for t in tasks], {t.name: t.primary for t in tasks}, {t.name: t.metric_specs() for t in tasks},
-            [float(t.hv_reference) for t in tasks])
-
-
 class PreferenceFrontCallback(Callback):
     """Evaluates the preference grid after the due epochs and writes the run's front outputs at the end."""
 
@@ -266,9 +259,7 @@ class PreferenceFrontCallback(Callback):
     def on_train_end(self, trainer: Any, result: dict[str, Any]) -> None:
         """``metrics.json`` gets the selected front, ``model.pt`` the merged centre network plus the
         adapters, and ``pareto_front.png`` the plot."""
-        from mtlflow.pareto.front import front_plot, select_front
-
-        names, primary, specs, _ = _task_info(trainer.tasks)
+        names, primary, specs, _ = task_info(trainer.tasks)
         front = select_front(trainer.history, trainer.config.select, names, primary, specs)
         metrics_path = trainer.out_dir / "metrics.json"
         payload = atomic.read_json(metrics_path, "run metrics")
@@ -283,66 +274,3 @@ class PreferenceFrontCallback(Callback):
             title = f"PaLoRA front: {trainer.bench.name}, seed {trainer.config.seed}"
             atomic.write_bytes(trainer.out_dir / "pareto_front.png", front_plot(front, names, primary, title))
         result["preference_front"] = front
-
-
-# -- saved models ----------------------------------------------------------------------------------
-
-def load_palora_model(model_path: str | Path, device: str = "cpu") -> tuple[Any, nn.Module, PreferenceAdapters, dict]:
-    """Rebuild a trained PaLoRA model with its adapters: ``(bench, model, adapters, blob)``."""
-    from mtlflow.train import load_model
-
-    bench, model, blob = load_model(model_path, device)
-    if "palora" not in blob:
-        raise InvalidParameterError(f"{model_path} is a {blob.get('method')!r} model without PaLoRA adapters; "
-                                    "give the model.pt of a run trained with --method palora")
-    adapters = PreferenceAdapters(model, AdapterSpec.from_dict(blob["palora"]["spec"]))
-    model.load_state_dict(blob["palora"]["state_dict"])
-    return bench, model.to(device), adapters, blob
-
-
-def evaluate_saved_front(model_path: str | Path, dataset: Any, split: str) -> dict[str, Any]:
-    """The front of a saved PaLoRA model on one split (``mtlflow evaluate``): the saved grid's points."""
-    from mtlflow.pareto.front import evaluate_front, front_record
-
-    bench, model, adapters, blob = load_palora_model(model_path)
-    tasks = bench.select_tasks(blob["tasks"])
-    index = [bench.task_names.index(t.name) for t in tasks]
-    prefs = torch.tensor(blob["palora"]["eval_preferences"], dtype=torch.float64)
-    points = evaluate_front(model, adapters, bench, dataset, tasks, index, prefs)
-    return front_record(prefs, {split: points}, *_task_info(tasks))
-
-
-def merge_saved_model(model_path: str | Path, preference: Sequence[float], out: str | Path) -> dict[str, Any]:
-    """Write the plain network of ``preference`` (adapters merged, Eq. 2) as a model file that
-    :func:`mtlflow.train.load_model` and ``mtlflow evaluate`` read like any other run's model."""
-    _, _, adapters, blob = load_palora_model(model_path)
-    merged = {k: v for k, v in blob.items() if k != "palora"}
-    merged["state_dict"] = adapters.merged_state_dict(preference)
-    merged["merged_preference"] = [float(v) for v in preference]
-    atomic.torch_save(merged, out)
-    return {"out": str(out), "preference": merged["merged_preference"], "benchmark": blob["benchmark"],
-            "tasks": blob["tasks"]}
-
-
-def overhead_table(bench: Any, tasks: Sequence[str] | None, rank: int, layers: str = "trunk",
-                   factorization: str = "matrix") -> dict[str, Any]:
-    """PaLoRA's parameter overhead on ``bench``'s model (Sec. 4.1: mn + T·r(m+n) per layer)."""
-    names = [t.name for t in bench.select_tasks(tasks)]
-    if len(names) < 2:
-        raise InvalidParameterError("the PaLoRA overhead needs at least 2 tasks")
-    if rank < 1:
-        raise InvalidParameterError(f"the adapter rank must be >= 1, got {rank}")
-    report = parameter_overhead(bench.make_model(names), len(names), rank, layers, factorization)
-    return {"benchmark": bench.name, "benchmark_config": bench.config, "tasks": names, **report}
-
-
-def overhead_markdown(report: dict[str, Any]) -> str:
-    lines = [f"PaLoRA parameter overhead on {report['benchmark']} ({len(report['tasks'])} tasks, rank "
-             f"{report['rank']}, {report['factorization']} factorisation): {report['adapter_parameters']:,} adapter "
-             f"parameters = "
-             f"{report['overhead_percent']:.2f} % of the {report['model_parameters']:,} parameters of the "
-             f"multi-task model ({report['adapted_weights_overhead_percent']:.2f} % of the adapted weights)", "",
-             "| layer | type | n | m | mn | adapters |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['layer']} | {r['type']} | {r['n']} | {r['m']} | {r['base']:,} | {r['adapters']:,} |"
-              for r in report["layers"]]
-    return "\n".join(lines) + "\n"

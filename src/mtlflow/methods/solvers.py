@@ -9,7 +9,7 @@
 
 Every Gramian goes through :func:`mtlflow.methods._numerics.gramian_array` (float64, finite, PSD).
 
-A missing solver raises :class:`~mtlflow.errors.SolverError`; a failed solve is never swallowed.
+A missing solver raises :class:`~mtlflow.core.errors.SolverError`; a failed solve is never swallowed.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtlflow.errors import SolverError
+from mtlflow.core.errors import SolverError
 from mtlflow.methods._numerics import gramian_array
 
 

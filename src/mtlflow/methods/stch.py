@@ -31,8 +31,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mtlflow.core.hparams import HParam, non_negative, positive
 from mtlflow.methods._support import loss_bounds, min_losses_hparam, shifted_losses
-from mtlflow.methods.base import HParam, LossWeighting, non_negative, positive
+from mtlflow.methods.base import LossWeighting
 
 
 def smooth_tchebycheff(values: Tensor, mu: float) -> Tensor:

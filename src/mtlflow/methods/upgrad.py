@@ -47,9 +47,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtlflow.errors import SolverError
+from mtlflow.core.errors import SolverError
+from mtlflow.core.hparams import HParam, non_negative
 from mtlflow.methods._numerics import gramian_array, psd_factor
-from mtlflow.methods.base import GramianWeighting, HParam, non_negative
+from mtlflow.methods.base import GramianWeighting
 
 
 def dual_cone_weights(gramian: np.ndarray, lower: np.ndarray) -> np.ndarray:

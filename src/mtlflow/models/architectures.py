@@ -12,13 +12,16 @@ the same model without data.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 from torch.utils.data import Dataset, Subset
 
-from mtlflow.benchmarks.base import Benchmark, MultiTaskModel
-from mtlflow.errors import InvalidParameterError, UnknownNameError
+from mtlflow.core.errors import InvalidParameterError, UnknownNameError
+from mtlflow.models.base import MultiTaskModel
+
+if TYPE_CHECKING:
+    from mtlflow.benchmarks.base import Benchmark
 
 #: name -> one-line description (``mtlflow architectures`` lists them with their options)
 ARCHITECTURES: dict[str, str] = {
@@ -29,7 +32,7 @@ ARCHITECTURES: dict[str, str] = {
 
 
 def options_of(name: str) -> dict[str, Any]:
-    """The option specifications (:class:`~mtlflow.methods.base.HParam`) of architecture ``name``."""
+    """The option specifications (:class:`~mtlflow.core.hparams.HParam`) of architecture ``name``."""
     check_name(name)
     if name == "hps":
         return {}

@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from mtlflow.benchmarks.base import MultiTaskModel
+from mtlflow.models.base import MultiTaskModel
 
 
 class MultiInputModel(MultiTaskModel):

@@ -2,7 +2,7 @@
 
 Feiyang Ye, *Multi-Task Learning: Effective Weighting Algorithms and Model Parameterization*, PhD thesis,
 UTS 2024, Chapter 5 (IJCAI 2023; ``shared/seeds/ye-thesis-mobl-asmg-normal.txt``). An *architecture*,
-not a weighting: it wraps any benchmark's :class:`~mtlflow.benchmarks.base.MultiTaskModel` (hard
+not a weighting: it wraps any benchmark's :class:`~mtlflow.models.base.MultiTaskModel` (hard
 parameter sharing: backbone f_θ + heads h_φi) and trains with any method.
 
 Model (Eq. 5.6): task i predicts h_φi(Q_φ(f_θ(x), p_i)), where Q_φ(·, p) = z(p) is the state of the
@@ -53,9 +53,9 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
-from mtlflow.benchmarks.base import MultiTaskModel
-from mtlflow.errors import InvalidParameterError
-from mtlflow.methods.base import HParam, positive
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.core.hparams import HParam, positive
+from mtlflow.models.base import MultiTaskModel
 
 SOLVERS = ("euler", "midpoint", "rk4")
 GRADIENTS = ("adjoint", "direct")

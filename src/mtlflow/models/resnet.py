@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mtlflow.errors import DataError
+from mtlflow.core.errors import DataError
 
 
 class ResNet18Encoder(nn.Module):

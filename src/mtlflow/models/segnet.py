@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mtlflow.benchmarks.base import MultiTaskModel
+from mtlflow.models.base import MultiTaskModel
 
 FILTERS = (64, 128, 256, 512, 512)
 

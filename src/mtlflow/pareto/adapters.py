@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError
 
 ADAPTABLE = (nn.Conv2d, nn.Linear)
 FACTORIZATIONS = ("matrix", "kernel")

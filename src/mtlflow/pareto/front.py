@@ -3,9 +3,9 @@
 A Pareto-front-learning model is evaluated at every preference of an even simplex grid (PaLoRA Sec. 6.1
 and App. B.2: 11 points λ ∈ {0, 0.1, ..., 1} for two tasks). Each point gets the task metrics of the
 benchmark; its objective vector is the error of each task's primary metric
-(:func:`mtlflow.taskmetrics.metric_error`: 1 − accuracy for bounded higher-is-better metrics), the
+(:func:`mtlflow.metrics.task.metric_error`: 1 − accuracy for bounded higher-is-better metrics), the
 same objective the aggregate's single-point hypervolume uses. The front's hypervolume
-(Zitzler & Thiele 1999) is computed with :func:`mtlflow.scoring.hypervolume` against the benchmark's
+(Zitzler & Thiele 1999) is computed with :func:`mtlflow.metrics.scoring.hypervolume` against the benchmark's
 fixed reference point (``TaskSpec.hv_reference``), which is recorded next to every value. The paper's
 second front metric, the number of non-dominated grid points (Fig. 5b), is recorded as the number of
 DISTINCT non-dominated objective vectors (:data:`DISTINCT_TOL`): grid points that collapse onto one point
@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError
 from mtlflow.pareto.adapters import PreferenceAdapters
 
 OBJECTIVE = "error of each task's primary metric (1 - value for bounded higher-is-better metrics)"
@@ -38,7 +38,7 @@ def evaluate_front(model: nn.Module, adapters: PreferenceAdapters, bench: Any, d
                    target_index: Sequence[int], preferences: torch.Tensor, batch_size: int = 512,
                    device: torch.device | str = "cpu") -> list[Metrics]:
     """Task metrics of ``model`` on ``dataset`` at every preference (row) of ``preferences``."""
-    from mtlflow.evaluation import evaluate_model
+    from mtlflow.metrics.evaluation import evaluate_model
 
     points = []
     for lam in preferences:
@@ -46,6 +46,12 @@ def evaluate_front(model: nn.Module, adapters: PreferenceAdapters, bench: Any, d
         with adapters.preference(lam), parametrize.cached():
             points.append(evaluate_model(model, bench, dataset, tasks, target_index, batch_size, device))
     return points
+
+
+def task_info(tasks: Sequence[Any]) -> tuple[list[str], dict[str, str], dict[str, Any], list[float]]:
+    """(names, primary metric, metric specs, hypervolume reference point) of task specs."""
+    return ([t.name for t in tasks], {t.name: t.primary for t in tasks}, {t.name: t.metric_specs() for t in tasks},
+            [float(t.hv_reference) for t in tasks])
 
 
 def distinct_count(vectors: Sequence[Sequence[float]], tol: float = DISTINCT_TOL) -> int:
@@ -81,8 +87,8 @@ def summarise_points(points: Sequence[Metrics], tasks: Sequence[str], primary: M
                      preferences: Sequence[Sequence[float]] | None = None) -> dict[str, Any]:
     """Objective vectors, hypervolume, Pareto mask, distinct non-dominated count and (given the grid's
     ``preferences``) the preference/error Spearman correlation of one split's grid points."""
-    from mtlflow.scoring import hypervolume, pareto_mask
-    from mtlflow.taskmetrics import metric_error
+    from mtlflow.metrics.scoring import hypervolume, pareto_mask
+    from mtlflow.metrics.task import metric_error
 
     errors = [[metric_error(p[t][primary[t]], specs[t][primary[t]]["higher_is_better"],
                             specs[t][primary[t]]["unit_interval"]) for t in tasks] for p in points]
@@ -126,7 +132,7 @@ def select_front(history: Sequence[Mapping[str, Any]], rule: str, tasks: Sequenc
                  specs: Mapping[str, Mapping[str, Mapping[str, bool]]]) -> dict[str, Any] | None:
     """The run's front under its selection rule: the last epoch's, or the point-wise mean of the last K
     epochs' fronts (``last-k:K``); the test split never selects. None if those epochs have no front."""
-    from mtlflow.train import parse_selection
+    from mtlflow.metrics.selection import parse_selection
 
     _, k = parse_selection(rule)
     window = [e.get("preference_front") for e in history[-k:]]

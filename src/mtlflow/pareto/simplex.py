@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError
 
 #: ``annealed`` moves every ray on a straight line from the centre to Eq. 3's end point g_{1,Q}(λ̃) (the
 #: gradual motion of the paper's Fig. 11); ``annealed-eq3`` is Eq. 3 taken literally, under which 0^{τ/Q} = 0

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError
 from mtlflow.teleport.options import CostOptions
 
 #: the teleportation wrappers (``TrainConfig.teleport``)

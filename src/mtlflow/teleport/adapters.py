@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError
 
 
 @dataclass

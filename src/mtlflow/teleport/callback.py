@@ -1,7 +1,7 @@
 """COST as a trainer callback: teleport the shared trunk when a trigger fires, then let any base method
 continue (COST paper, Alg. 1; Zhou et al., NeurIPS 2025).
 
-Per step (the trainer's callback hooks, ``mtlflow.callbacks``):
+Per step (the trainer's callback hooks, ``mtlflow.core.callbacks``):
 
 1. ``after_gradients`` -- from the per-task gradients of the step (which the callback asks the trainer
    for through ``needs_jacobian``, also for loss-weighting base methods) the trigger rule is checked
@@ -31,17 +31,16 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 import torch
 from torch import Tensor, nn
 
-from mtlflow.callbacks import Callback, StepState
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.callbacks import Callback, StepState
+from mtlflow.core.errors import InvalidParameterError
 from mtlflow.teleport import adapters
 from mtlflow.teleport.htr import apply_htr, htr_sigma, restore_htr
 from mtlflow.teleport.objective import TeleportProblem, balance_weights, optimise_adapter
 from mtlflow.teleport.options import CostOptions
-from mtlflow.teleport.triggers import (RULES, GradientStats, describe, dominated_conflict, gradient_stats,
-                                       needs_pairwise)
+from mtlflow.teleport.triggers import RULES, GradientStats, describe, dominated_conflict, gradient_stats, needs_pairwise
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mtlflow.train import Trainer
+    from mtlflow.engine.trainer import Trainer
 
 
 def _flat(tensors: list[Tensor]) -> Tensor:

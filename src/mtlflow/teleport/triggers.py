@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from mtlflow.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError
 
 #: cosines are computed with norms clamped at this value (a zero gradient has cosine 0 to everything)
 _TINY = 1e-30

@@ -1,0 +1,145 @@
+"""Atomic writes: every file is written to a temporary sibling and renamed into place.
+
+A killed process therefore leaves either the previous file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to ``target``; rename it onto ``target`` on success."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        if tmp_path.exists():
+            os.chmod(tmp_path, 0o644)
+        os.replace(tmp_path, target)
+        _fsync_dir(target.parent)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_bytes(target: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(target) as tmp:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def write_text(target: str | os.PathLike, text: str) -> None:
+    write_bytes(target, text.encode("utf-8"))
+
+
+def write_json(target: str | os.PathLike, obj: Any) -> None:
+    write_text(target, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"cannot serialise {type(obj).__name__} to JSON")
+
+
+def torch_save(obj: Any, target: str | os.PathLike) -> None:
+    import torch
+
+    with atomic_path(target) as tmp:
+        torch.save(obj, tmp)
+
+
+@contextlib.contextmanager
+def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
+    """Build a directory in a temporary sibling and swap it onto ``target`` on success.
+
+    An existing ``target`` is replaced only after the new content is complete.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)
+        if target.exists():
+            # a unique ``.tmp`` name: if this process dies mid-swap, the next writer's clean-up finds it
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", suffix=".tmp", dir=target.parent))
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+def read_json(path: str | os.PathLike, what: str = "file") -> Any:
+    """Read JSON, turning a missing or corrupt file into a one-line :class:`DataError`."""
+    from mtlflow.core.errors import DataError
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{what} not found: expected {path}")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"{what} {path} is corrupt ({exc.msg if hasattr(exc, 'msg') else exc}); "
+                        f"delete it and re-create it") from None
+
+
+def read_yaml(path: str | os.PathLike, what: str = "YAML file") -> Any:
+    """Read a YAML parameter file; every problem is one :class:`InvalidParameterError` line, a syntax
+    error as ``FILE:LINE:COL: message`` (the position editors and CI annotations jump to)."""
+    import yaml
+
+    from mtlflow.core.errors import InvalidParameterError
+
+    path = Path(path)
+    if path.is_dir():
+        raise InvalidParameterError(f"{what} {path} is a directory; give the YAML file inside it")
+    if not path.is_file():
+        raise InvalidParameterError(f"{what} not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidParameterError(f"{what} {path} cannot be read ({exc}); give a UTF-8 YAML file") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or type(exc).__name__
+        opened, context = getattr(exc, "context_mark", None), getattr(exc, "context", None)
+        if opened is not None and context and opened is not mark:  # e.g. where an unclosed [ was opened
+            problem += f", {context} at line {opened.line + 1}, column {opened.column + 1}"
+        raise InvalidParameterError(f"{where}: {problem} (YAML syntax error in {what})") from None

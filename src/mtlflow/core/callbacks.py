@@ -1,0 +1,76 @@
+"""Trainer callbacks: extensions that observe or alter training without being a method.
+
+COST's teleportation (a wrapper around any method) and the metric exporters are callbacks. Every
+hook is optional; the trainer calls them in this order within one step::
+
+    forward -> losses -> [per-task gradients] -> after_gradients (may ask to redo the step)
+    -> method update -> before_optimizer_step -> optimizer.step() -> after_optimizer_step
+
+A callback's state goes into the checkpoint through ``state_dict``/``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from torch import Tensor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mtlflow.engine.trainer import Trainer
+
+
+@dataclass
+class StepState:
+    """What callbacks see of the current step."""
+
+    epoch: int
+    step: int
+    batch: Any
+    losses: Tensor
+    #: per-task gradients w.r.t. the shared parameters ``[K, P]`` when they were computed
+    grads: Tensor | None = None
+    #: the update written into the shared parameters' ``.grad`` (after rescaling), when known
+    direction: Tensor | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Callback:
+    """Base class of trainer callbacks; override the hooks you need."""
+
+    name: ClassVar[str] = "callback"
+    #: ask the trainer for per-task gradients every step, even when the method does not need them
+    needs_jacobian: ClassVar[bool] = False
+
+    def on_train_start(self, trainer: "Trainer") -> None:
+        """After the model, method and optimizer exist and any checkpoint was restored."""
+
+    def on_epoch_start(self, trainer: "Trainer", epoch: int) -> None:
+        """Before the first step of ``epoch``."""
+
+    def after_gradients(self, trainer: "Trainer", state: StepState) -> bool:
+        """After the losses (and per-task gradients) of a step; return True to redo the step at the
+        current parameters (e.g. after a teleport changed them)."""
+        return False
+
+    def before_optimizer_step(self, trainer: "Trainer", state: StepState) -> None:
+        """After ``.grad`` holds the final update, before ``optimizer.step()``."""
+
+    def after_optimizer_step(self, trainer: "Trainer", state: StepState) -> None:
+        """After ``optimizer.step()`` and the method's own hook."""
+
+    def on_epoch_end(self, trainer: "Trainer", record: dict[str, Any]) -> None:
+        """After evaluation; may add telemetry fields to the epoch ``record`` before it is written."""
+
+    def on_train_end(self, trainer: "Trainer", result: dict[str, Any]) -> None:
+        """After the final metrics and model were written."""
+
+    def on_train_failed(self, trainer: "Trainer", exc: BaseException) -> None:
+        """When training stops with ``exc`` (a NaN/Inf loss, a solver failure, an interrupt), after
+        ``run.json`` records the failure and before ``exc`` propagates; must not raise."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""

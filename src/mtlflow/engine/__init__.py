@@ -1,0 +1,2 @@
+"""Training: the trainer (loop and step), run directories, distributed data parallelism and schedulers.
+"""

@@ -1,0 +1,804 @@
+"""The training engine shared by every method.
+
+One step: forward through the shared trunk and the heads, K task losses, then by method family
+
+* loss weighting: back-propagate ``method.objective(losses)``;
+* gradient methods: the gradient engine (:mod:`mtlflow.grad_engine`) computes what ``method.requires``
+  asks for -- per-task gradients w.r.t. the shared parameters (backend ``config.grad_backend``, K-loop
+  by default), only their Gramian (``autogram``), or gradients w.r.t. the shared features
+  (``requires = REPRESENTATION`` or ``config.grad_wrt = "representation"``) -- then
+  ``direction = method.combine(grads, losses)`` is written into the shared parameters' ``.grad``, or,
+  for Gramian-weighting methods on the Gramian/representation paths, ``Σ w_i L_i`` is back-propagated
+  to the shared parameters; every head always gets its plain gradient ``∇L_i``. A Gramian-weighting
+  method with ``update_weights_every`` = N > 1 solves its weights every N steps; in between the step
+  reuses them and computes no per-task gradient (one backward pass);
+
+then, identically for every method and in this order: global rescaling (x K for methods whose
+direction is a convex combination, see ``Method.natural_scale``), gradient clipping (after the
+backward pass, on all parameters, when ``clip_grad_norm`` is set), ``optimizer.step()`` and the
+method's ``after_optimizer_step`` hook.
+
+After every epoch the trainer evaluates the val and test splits, writes ``metrics.json`` and a
+checkpoint (model, optimizer, method state, RNG states) atomically; ``resume=True`` continues from
+the last checkpoint and reaches the same final metrics as an uninterrupted run (the data order of
+epoch e depends only on (seed, e)).
+
+Run directory layout (the contract with ``evaluate``, ``aggregate`` and the pipeline components):
+
+* ``run.json``     -- configuration, status (running/completed/failed/interrupted), data hash, versions;
+* ``metrics.json`` -- per-epoch metrics per split and task, timing and memory, the selection rule and
+  the selected ``final`` metrics;
+* ``checkpoint.pt`` -- the last completed epoch (for ``--resume``);
+* ``model.pt``     -- final weights with the benchmark name and configuration to rebuild the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import platform
+import resource
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+import mtlflow
+from mtlflow import methods as method_registry
+from mtlflow import teleport
+from mtlflow.benchmarks.base import Benchmark, BenchmarkData
+from mtlflow.core import atomic
+from mtlflow.core.callbacks import Callback, StepState
+from mtlflow.core.errors import DataError, InvalidParameterError, NonFiniteLossError
+from mtlflow.core.seeding import capture_rng_state, epoch_generator, restore_rng_state, seed_everything
+from mtlflow.engine import distributed
+from mtlflow.engine.schedulers import build_scheduler, validate_scheduler
+from mtlflow.grad_engine import (
+    BACKENDS,
+    GRAD_WRT,
+    AutogramGramian,
+    ForwardPass,
+    StepProblem,
+    backward_heads,
+    backward_shared_weighted,
+    jacobian_backend,
+    representation_jacobian,
+    resolve_backend,
+    task_jacobian,
+    write_flat_grad,
+)
+from mtlflow.methods.base import GradientMethod, GradInput, GramianWeighting, Method, StepContext
+from mtlflow.metrics.evaluation import evaluate_model
+from mtlflow.metrics.selection import parse_selection, select_final
+from mtlflow.models import architectures
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+AMP_MODES = ("none", "bf16")
+EVAL_SPLITS = ("val", "test")
+
+
+@dataclass
+class TrainConfig:
+    """Everything that determines a training run (recorded in ``run.json``)."""
+
+    method: str = "ls"
+    hparams: dict[str, Any] = field(default_factory=dict)
+    epochs: int = 10
+    batch_size: int = 256
+    lr: float = 1e-3
+    optimizer: str = "adam"
+    weight_decay: float = 0.0
+    #: SGD momentum (ignored by Adam/AdamW, whose betas are fixed at PyTorch's defaults)
+    momentum: float = 0.9
+    method_lr: float = 0.025
+    clip_grad_norm: float | None = None
+    rescale: bool = True
+    seed: int = 0
+    tasks: list[str] | None = None
+    select: str = "last"
+    eval_batch_size: int = 512
+    max_steps_per_epoch: int | None = None
+    device: str = "cpu"
+    #: per-task gradient backend (``mtlflow.grad_engine.BACKENDS``); ``auto`` = ``loop``
+    grad_backend: str = "auto"
+    #: per-task gradients w.r.t. the shared ``parameters`` or the shared ``representation`` (MGDA-UB's bound)
+    grad_wrt: str = "parameters"
+    #: DataLoader worker processes; pinned host memory (``None``: pinned when training on a GPU)
+    num_workers: int = 0
+    pin_memory: bool | None = None
+    #: ``bf16``: forward pass and losses under ``torch.autocast`` in bfloat16 (GPU or CPU)
+    amp: str = "none"
+    #: deterministic algorithms (``torch.use_deterministic_algorithms``, no cudnn benchmarking)
+    deterministic: bool = True
+    #: per-epoch learning-rate schedule of the recipe (:mod:`mtlflow.engine.schedulers`): none, plateau, step
+    scheduler: str = "none"
+    scheduler_options: dict[str, Any] = field(default_factory=dict)
+    #: teleportation wrapper around the method (``cost``: COST, :mod:`mtlflow.teleport`) and its options
+    teleport: str | None = None
+    teleport_options: dict[str, Any] = field(default_factory=dict)
+    #: model architecture wrapping the benchmark's model (:mod:`mtlflow.models.architectures`): ``hps`` (its
+    #: own trunk + heads) or ``normal`` (NORMAL's neural ODE with task positions), and its options
+    architecture: str = "hps"
+    architecture_options: dict[str, Any] = field(default_factory=dict)
+
+    def resolved_device(self) -> torch.device:
+        """``auto`` means the GPU when one is visible, else the CPU."""
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def validate(self) -> None:
+        def bad(msg: str) -> None:
+            raise InvalidParameterError(msg)
+
+        if not isinstance(self.epochs, int) or self.epochs < 1:
+            bad(f"epochs must be a positive integer, got {self.epochs!r}")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            bad(f"batch_size must be a positive integer, got {self.batch_size!r}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            bad(f"lr must be a positive finite number, got {self.lr!r}")
+        if self.optimizer not in OPTIMIZERS:
+            bad(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.weight_decay < 0 or not math.isfinite(self.weight_decay):
+            bad(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
+            bad(f"momentum must be in [0, 1), got {self.momentum!r}")
+        if self.method_lr <= 0:
+            bad(f"method_lr must be > 0, got {self.method_lr!r}")
+        if self.clip_grad_norm is not None and not (self.clip_grad_norm > 0):
+            bad(f"clip_grad_norm must be > 0 when set, got {self.clip_grad_norm!r}")
+        if self.max_steps_per_epoch is not None and self.max_steps_per_epoch < 1:
+            bad(f"max_steps_per_epoch must be >= 1 when set, got {self.max_steps_per_epoch!r}")
+        if self.grad_backend not in BACKENDS:
+            bad(f"unknown gradient backend {self.grad_backend!r}; valid gradient backends: {', '.join(BACKENDS)}")
+        if not isinstance(self.num_workers, int) or self.num_workers < 0:
+            bad(f"num_workers must be an integer >= 0, got {self.num_workers!r}")
+        if self.amp not in AMP_MODES:
+            bad(f"amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}")
+        validate_scheduler(self.scheduler, self.scheduler_options)
+        teleport.validate(self.teleport, self.teleport_options)
+        architectures.resolve(self.architecture, self.architecture_options)
+        architectures.check_gradient_backend(self.architecture, self.architecture_options, self.grad_backend)
+        if self.grad_wrt not in GRAD_WRT:
+            bad(f"grad_wrt must be one of {', '.join(GRAD_WRT)}, got {self.grad_wrt!r}")
+        method = method_registry.get(self.method)
+        if self.teleport and method.custom_step:
+            bad(f"--teleport {self.teleport} wraps methods that use the trainer's step; {self.method!r} owns its "
+                "training step (custom_step); drop --teleport")
+        if self.grad_backend == "autogram" and needs_full_jacobian(method, self.grad_wrt):
+            bad(_AUTOGRAM_NEEDS_GRAMIAN.format(method=self.method))
+        if self.grad_wrt == "representation" and needs_full_jacobian(method):
+            bad(f"grad_wrt 'representation' applies to Gramian-weighting methods (their weights carry over to the "
+                f"parameters); {self.method!r} combines full gradients; use grad_wrt=parameters")
+        _, window = parse_selection(self.select)
+        if window > self.epochs:
+            bad(f"selection rule {self.select!r} averages {window} epochs but the run has only {self.epochs}")
+        try:
+            device = self.resolved_device()
+        except RuntimeError:
+            bad(f"device {self.device!r} is not valid; use auto, cpu or cuda[:N]")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            bad(f"device {self.device!r} requested but no CUDA GPU is visible; use --device auto or cpu")
+
+    def fingerprint(self) -> str:
+        """Hash of everything but ``epochs`` and ``device``: a resumed run must match it."""
+        data = dataclasses.asdict(self)
+        data.pop("epochs")
+        data.pop("device")
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+_AUTOGRAM_NEEDS_GRAMIAN = ("grad_backend 'autogram' computes only the Gramian but method {method!r} needs the full "
+                           "Jacobian; use one of auto, loop, batched, func, autojac")
+
+
+def needs_full_jacobian(method: type[Method], grad_wrt: str = "parameters") -> bool:
+    """True when ``method`` combines the full Jacobian w.r.t. the shared parameters (not just its Gramian)."""
+    return (issubclass(method, GradientMethod) and not issubclass(method, GramianWeighting)
+            and not method.custom_step and method.requires is not GradInput.REPRESENTATION
+            and grad_wrt == "parameters")
+
+
+def _reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:  # Linux: writing 5 to clear_refs resets the peak resident set size (VmHWM)
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def _peak_memory_bytes(device: torch.device) -> int:
+    """Peak memory since the last reset: CUDA allocator peak, or the process's peak RSS on the CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def _cosines_to_mean(gram: Tensor) -> Tensor:
+    """Cosine of every task gradient to the mean gradient, from the Gramian of the task gradients."""
+    norms = gram.diagonal().clamp_min(0).sqrt()
+    mean_dot = gram.mean(dim=1)
+    mean_norm = gram.mean().clamp_min(0).sqrt()
+    return mean_dot / (norms * mean_norm).clamp_min(1e-30)
+
+
+def _jacobian_cosines_to_mean(grads: Tensor) -> Tensor:
+    """Cosine of every row of ``grads [K, P]`` to their mean, in O(KP) (no K x K Gramian)."""
+    mean = grads.mean(dim=0)
+    return (grads @ mean) / (grads.norm(dim=1) * mean.norm()).clamp_min(1e-30)
+
+
+@dataclass
+class _StepWork:
+    """What the gradient engine computed for one step (see :meth:`Trainer._plan_gradients`); ``mode`` is
+    ``reuse`` on the amortised steps of a method with ``update_weights_every`` > 1."""
+
+    mode: str
+    forward: ForwardPass
+    jacobian: Tensor | None = None        # [K, P] w.r.t. the shared parameters
+    gramian: Tensor | None = None         # [K, K] w.r.t. the shared parameters (autogram)
+    representation: Tensor | None = None  # [K, numel(z)] w.r.t. the shared features
+
+    @property
+    def losses(self) -> Tensor:
+        return self.forward.stacked
+
+
+class Trainer:
+    """Train one method on one prepared benchmark into one run directory."""
+
+    def __init__(self, bench: Benchmark, data: BenchmarkData, config: TrainConfig, out_dir: str | Path,
+                 progress: bool = True, callbacks: Sequence[Callback] = ()):
+        config.validate()
+        self.bench, self.data, self.config = bench, data, config
+        self.out_dir = Path(out_dir)
+        self.progress = progress
+        self.tasks = bench.select_tasks(config.tasks)
+        self.task_index = [bench.task_names.index(t.name) for t in self.tasks]
+        self.device = config.resolved_device()
+        #: torchrun/DDP topology (a no-op in one process): see mtlflow.engine.distributed
+        self.dist = distributed.from_env(self.device)
+        for split in ("train", *EVAL_SPLITS):
+            if split not in data.splits:
+                raise DataError(f"prepared data lacks the {split!r} split; re-run `mtlflow prepare`")
+        seed_everything(config.seed, config.deterministic)
+        self.model = architectures.build_model(bench, [t.name for t in self.tasks], config.architecture,
+                                               config.architecture_options, data.splits["train"]).to(self.device)
+        self.method: Method = method_registry.build(config.method, len(self.tasks), **config.hparams)
+        self.method.to(self.device)
+        self.callbacks: list[Callback] = list(callbacks)
+        if config.teleport:  # the wrapper checks the model and method it wraps before anything runs
+            wrapper = teleport.build(config.teleport, config.teleport_options)
+            wrapper.check(self)
+            self.callbacks.append(wrapper)
+        self.method.setup(self)
+        self.optimizer = self._build_optimizer()
+        self.scheduler = build_scheduler(config.scheduler, config.scheduler_options, self.optimizer, bench,
+                                         [t.name for t in self.tasks], self._metric_specs())
+        self.shared = self.model.shared_parameters()
+        self.task_params = [self.model.task_parameters(i) for i in range(len(self.tasks))]
+        self.history: list[dict[str, Any]] = []
+        self.global_step = 0
+        self.gradient_mode, self.grad_backend = self._plan_gradients()
+        self.dist.check_supported(self)
+        self._jacobian_backend = jacobian_backend(self.grad_backend) if self.gradient_mode == "jacobian" else None
+        self._autogram = AutogramGramian(self.model.trunk) if self.gradient_mode == "gramian" else None
+        #: N of the method's ``update_weights_every`` (Gramian-weighting methods only)
+        self.update_weights_every = (self.method.update_weights_every()
+                                     if isinstance(self.method, GramianWeighting) else 1)
+        #: the last solved weights, reused on amortised steps (checkpointed)
+        self.reused_weights: Tensor | None = None
+
+    def _plan_gradients(self) -> tuple[str, str | None]:
+        """(mode, backend): what the engine computes each step, checked before training starts.
+
+        Modes: ``custom`` (the method owns the step), ``losses`` (loss weighting: one backward of the
+        objective), ``jacobian`` (per-task gradients w.r.t. the shared parameters from a Jacobian
+        backend), ``gramian`` (the Gramian only, with autogram; Gramian-weighting methods) and
+        ``representation`` (per-task gradients w.r.t. the shared features). ``grad_backend`` applies
+        to gradients w.r.t. the shared parameters only; the other modes ignore it.
+        """
+        method, cfg = self.method, self.config
+        backend = resolve_backend(cfg.grad_backend, self.device)
+        jacobian_callbacks = [cb.name for cb in self.callbacks if cb.needs_jacobian]
+        if method.custom_step:
+            return "custom", None
+        if not isinstance(method, GradientMethod):
+            return "losses", None
+        if method.requires is GradInput.REPRESENTATION or cfg.grad_wrt == "representation":
+            if needs_full_jacobian(type(method)):  # TrainConfig.validate rejects this combination too
+                raise InvalidParameterError(f"grad_wrt 'representation' does not apply to {method.name!r}")
+            mode = "representation"
+        elif backend == "autogram":
+            if needs_full_jacobian(type(method)):
+                raise InvalidParameterError(_AUTOGRAM_NEEDS_GRAMIAN.format(method=method.name))
+            if not isinstance(getattr(self.model, "trunk", None), torch.nn.Module):
+                raise InvalidParameterError("grad_backend 'autogram' needs a model with a `trunk` module; use loop")
+            mode = "gramian"
+        else:
+            return "jacobian", backend
+        if jacobian_callbacks:
+            raise InvalidParameterError(
+                f"callback(s) {', '.join(jacobian_callbacks)} need per-task gradients w.r.t. the shared parameters, "
+                f"which the {mode} mode of {method.name!r} does not compute; use grad_wrt=parameters and a "
+                "Jacobian backend (loop, batched, func, autojac)")
+        return mode, "autogram" if mode == "gramian" else None
+
+    # -- setup ---------------------------------------------------------------------------------
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        cfg = self.config
+        model_groups = getattr(self.model, "optimizer_groups", None)  # an architecture's own groups (NORMAL)
+        groups: list[dict[str, Any]] = (model_groups(cfg.lr) if callable(model_groups) else
+                                        [{"params": [p for p in self.model.parameters() if p.requires_grad]}])
+        method_params = self.method.parameters()
+        if method_params:
+            groups.append({"params": method_params, "lr": cfg.method_lr, "weight_decay": 0.0})
+        if cfg.optimizer == "adam":
+            return torch.optim.Adam(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        if cfg.optimizer == "adamw":
+            return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+    def _loader(self, epoch: int) -> DataLoader:
+        cfg = self.config
+        pin = self.device.type == "cuda" if cfg.pin_memory is None else cfg.pin_memory
+        split, shuffle = self.dist.training_split(self.data.splits["train"], cfg.seed, epoch)
+        return self.bench.make_loader(split, cfg.batch_size, shuffle=shuffle,
+                                      generator=epoch_generator(cfg.seed, epoch), num_workers=cfg.num_workers,
+                                      pin_memory=pin)
+
+    # -- one step ------------------------------------------------------------------------------
+    def _inputs_targets(self, batch: Any) -> tuple[Any, list[Tensor]]:
+        inputs, targets = self.bench.unpack(batch)
+        inputs = inputs.to(self.device) if hasattr(inputs, "to") else inputs
+        return inputs, [targets[idx].to(self.device) for idx in self.task_index]
+
+    def _task_losses(self, preds: Sequence[Tensor], targets: Sequence[Tensor]) -> list[Tensor]:
+        return [task.loss(pred, target) for task, pred, target in zip(self.tasks, preds, targets)]
+
+    def _forward(self, batch: Any) -> ForwardPass:
+        """Shared features z, then the heads and the K task losses (``model(x)`` split at z)."""
+        inputs, targets = self._inputs_targets(batch)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.amp == "bf16"):
+            features = self.model.features(inputs)
+            return ForwardPass(self._task_losses(self.model.forward_heads(features), targets), features)
+
+    def _step_problem(self, batch: Any) -> StepProblem:
+        """The batch as the engine sees it: a forward pass and its functional form (``torch.func``)."""
+        inputs, targets = self._inputs_targets(batch)
+
+        def functional_losses(overrides: dict[str, Tensor]) -> Tensor:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.amp == "bf16"):
+                preds = torch.func.functional_call(self.model, overrides, (inputs,))
+                return torch.stack(self._task_losses(preds, targets))
+
+        return StepProblem(self.model, self.shared, self.task_params, lambda: self._forward(batch), functional_losses)
+
+    def _losses(self, batch: Any) -> tuple[Tensor, list[Tensor]]:
+        forward = self._forward(batch)
+        return forward.stacked, forward.losses
+
+    def _check_finite(self, losses: Tensor, epoch: int) -> None:
+        if not torch.isfinite(losses).all():
+            bad = [f"{t.name}={float(v)}" for t, v in zip(self.tasks, losses.detach()) if not math.isfinite(float(v))]
+            raise NonFiniteLossError(
+                f"non-finite loss ({', '.join(bad)}) at epoch {epoch}, step {self.global_step}; "
+                f"lower --lr, set --clip-grad-norm, or check the data")
+
+    def forward_losses(self, batch: Any) -> tuple[Tensor, list[Tensor]]:
+        """Per-task losses of ``batch`` as a stacked tensor and as the list of separate graph nodes."""
+        return self._losses(batch)
+
+    def train_step(self, batch: Any, epoch: int) -> dict[str, Any]:
+        """One optimisation step on ``batch``; returns step telemetry (at least ``losses``)."""
+        self.model.train()
+        if self.method.custom_step:
+            info = self.method.training_step(self, batch, epoch)
+            self.global_step += 1
+            return info
+        # A callback may change the parameters (a teleport) and ask for the step to be redone there.
+        for attempt in (0, 1):
+            self.optimizer.zero_grad(set_to_none=True)
+            started = time.perf_counter()
+            work = self._per_task_gradients(batch, epoch)
+            self.dist.synchronize_work(work, [p for params in self.task_params for p in params])
+            engine_seconds = time.perf_counter() - started
+            state = StepState(epoch=epoch, step=self.global_step, batch=batch, losses=work.losses.detach(),
+                              grads=work.jacobian)
+            if attempt == 0 and any([cb.after_gradients(self, state) for cb in self.callbacks]):
+                continue
+            break
+
+        def recompute() -> Tensor:
+            with torch.no_grad():
+                return self.dist.mean_losses(self._losses(batch)[0])
+
+        stacked = work.losses
+        # extra: the shared features of this forward pass (LDC-MTL's router) and the batch (its double loop)
+        ctx = StepContext(step=self.global_step, epoch=epoch, losses=stacked.detach(), recompute_losses=recompute,
+                          extra={"features": work.forward.features, "batch": batch})
+        self.method.before_backward(ctx)
+        info: dict[str, Any] = {"losses": stacked.detach()}
+        started = time.perf_counter()
+        solver_seconds = self._apply_update(work, state)
+        self.dist.average_gradients([p for group in self.optimizer.param_groups for p in group["params"]],
+                                    work.mode)
+        info["engine_seconds"] = engine_seconds + time.perf_counter() - started - (solver_seconds or 0.0)
+        if solver_seconds is not None:
+            info["solver_seconds"] = solver_seconds
+        if len(self.tasks) > 1:
+            if work.gramian is not None:
+                info["cosines"] = _cosines_to_mean(work.gramian)
+            elif work.jacobian is not None:
+                info["cosines"] = _jacobian_cosines_to_mean(work.jacobian)
+        if self.config.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_grad_norm)
+        shared_max_norm = self.method.shared_grad_max_norm()
+        if shared_max_norm is not None:  # a method's official clipping of the shared parameters only
+            torch.nn.utils.clip_grad_norm_(self.shared, shared_max_norm)
+        for cb in self.callbacks:
+            cb.before_optimizer_step(self, state)
+        self.optimizer.step()
+        self.method.after_optimizer_step(ctx)
+        for cb in self.callbacks:
+            cb.after_optimizer_step(self, state)
+        self.global_step += 1
+        if self.method.last_weights is not None:
+            info["weights"] = self.method.last_weights.detach().to("cpu", torch.float64)
+        info.update(state.info)
+        return info
+
+    def _reuses_weights(self) -> bool:
+        """An amortised step: the method's ``update_weights_every`` N > 1 and this step is not a multiple of N."""
+        return (self.update_weights_every > 1 and self.reused_weights is not None
+                and self.global_step % self.update_weights_every != 0)
+
+    def _per_task_gradients(self, batch: Any, epoch: int) -> "_StepWork":
+        """Forward pass and exactly the per-task gradient information this step's mode needs."""
+        mode = self.gradient_mode
+        if mode in ("jacobian", "gramian", "representation") and self._reuses_weights():
+            mode = "reuse"
+        if mode == "jacobian" and self._jacobian_backend.runs_forward:
+            forward, grads = self._jacobian_backend.jacobian(self._step_problem(batch))
+            self._check_finite(forward.stacked, epoch)
+            return _StepWork(mode, forward, jacobian=grads)
+        if mode == "gramian":
+            with self._autogram.hooked(self.model):
+                forward = self._forward(batch)
+            self._check_finite(forward.stacked, epoch)
+            return _StepWork(mode, forward, gramian=self._autogram.gramian(forward.stacked))
+        forward = self._forward(batch)
+        self._check_finite(forward.stacked, epoch)
+        if mode == "jacobian":
+            grads = self._jacobian_backend.differentiate(forward, self.shared, self.task_params, retain_graph=False)
+            return _StepWork(mode, forward, jacobian=grads)
+        if mode == "representation":
+            if not isinstance(forward.features, Tensor):
+                raise InvalidParameterError(f"{self.bench.name}'s shared features are not one tensor; "
+                                            "use grad_wrt=parameters and a method that does not need them")
+            return _StepWork(mode, forward, representation=representation_jacobian(forward, self.task_params))
+        # losses / reuse: the update back-propagates through this graph, so a callback's Jacobian keeps it
+        needs_jacobian = any(cb.needs_jacobian for cb in self.callbacks)
+        grads = task_jacobian(forward.losses, self.shared, retain_graph=True) if needs_jacobian else None
+        return _StepWork(mode, forward, jacobian=grads)
+
+    def _apply_update(self, work: "_StepWork", state: StepState) -> float | None:
+        """Write the method's update into ``.grad`` (heads: plain gradients); returns the solver time."""
+        method = self.method
+        scale = float(len(self.tasks)) if self.config.rescale and method.natural_scale == "mean" else 1.0
+        losses = work.losses.detach()
+        if work.mode == "losses":
+            objective = method.objective(work.losses)
+            (objective * scale if scale != 1.0 else objective).backward()
+            return None
+        if work.mode == "reuse":
+            method.last_weights = self.reused_weights  # what this step applies (also after a resume)
+            backward_heads(work.forward.losses, self.task_params)
+            backward_shared_weighted(work.forward.losses, self.reused_weights * scale, self.shared)
+            return None
+        if work.mode == "gramian":
+            # heads first: a method may rescale its heads' gradients inside the solver (IMTL, DB-MTL)
+            backward_heads(work.forward.losses, self.task_params)
+            started = time.perf_counter()
+            weights = self._solve_weights(work.gramian, losses)
+            solver_seconds = time.perf_counter() - started
+            backward_shared_weighted(work.forward.losses, weights * scale, self.shared)
+            return solver_seconds
+        started = time.perf_counter()
+        if work.mode == "jacobian":
+            direction = method.combine(work.jacobian, losses)
+            self._remember_weights()
+        elif isinstance(method, GramianWeighting):  # representation mode
+            rep = work.representation
+            direction = self._solve_weights(self.dist.representation_gramian(rep), losses).to(rep) @ rep
+        else:
+            direction = method.combine(work.representation, losses)
+        solver_seconds = time.perf_counter() - started
+        if not torch.isfinite(direction).all():
+            raise NonFiniteLossError(f"{method.name} produced a non-finite update at step "
+                                     f"{self.global_step}; check the losses or lower --lr")
+        if scale != 1.0:
+            direction = direction * scale
+        if work.mode == "jacobian":
+            write_flat_grad(self.shared, direction)
+            state.direction = direction
+        else:
+            features = work.forward.features
+            # shared parameters only: task parameters inside the trunk (SegNet-MTAN's attention masks)
+            # already got their plain gradient from representation_jacobian
+            features.backward(direction.view_as(features).to(features.dtype), inputs=list(self.shared))
+        return solver_seconds
+
+    def _solve_weights(self, gramian: Tensor, losses: Tensor) -> Tensor:
+        weights = self.method.weights_from_gramian(gramian, losses).to(losses)
+        if not torch.isfinite(weights).all():
+            raise NonFiniteLossError(f"{self.method.name} produced non-finite weights at step {self.global_step}; "
+                                     "check the losses or lower --lr")
+        self.method.last_weights = weights.detach()
+        self._remember_weights()
+        return weights
+
+    def _remember_weights(self) -> None:
+        if self.update_weights_every > 1 and self.method.last_weights is not None:
+            self.reused_weights = self.method.last_weights.detach().clone()
+
+    # -- epochs --------------------------------------------------------------------------------
+    def fit(self, resume: bool = False) -> dict[str, Any]:
+        start_epoch = 1
+        if resume and self.dist.from_rank0((self.out_dir / "checkpoint.pt").is_file):
+            start_epoch = self._load_checkpoint() + 1
+        self.dist.sync_parameters(self.model, "the start of training")
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._write_run_json("running")
+        for cb in self.callbacks:
+            cb.on_train_start(self)
+        bar = self._progress_bar(start_epoch)
+        try:
+            for epoch in range(start_epoch, self.config.epochs + 1):
+                self._run_epoch(epoch, bar)
+        except BaseException as exc:
+            # Ctrl-C and SIGTERM (mtlflow.core.errors.Terminated) stop a healthy run that --resume continues
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            self._write_run_json(status, error=f"{type(exc).__name__}: {exc}")
+            for cb in self.callbacks:
+                cb.on_train_failed(self, exc)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        result = self._finish()
+        self._write_run_json("completed")
+        for cb in self.callbacks:
+            cb.on_train_end(self, result)
+        return result
+
+    def _steps_per_epoch(self) -> int:
+        n = self.dist.steps_per_epoch(len(self.data.splits["train"]), self.config.batch_size)
+        return min(n, self.config.max_steps_per_epoch or n)
+
+    def _progress_bar(self, start_epoch: int):
+        if not self.progress or not self.dist.is_main:
+            return None
+        from tqdm.auto import tqdm
+
+        steps = self._steps_per_epoch()
+        return tqdm(total=steps * self.config.epochs, initial=steps * (start_epoch - 1), unit="step",
+                    desc=f"{self.bench.name}/{self.config.method}", dynamic_ncols=True, mininterval=1.0)
+
+    def _run_epoch(self, epoch: int, bar) -> None:
+        started = time.perf_counter()
+        step_times: list[float] = []
+        solver_times: list[float] = []
+        engine_times: list[float] = []
+        loss_sums = torch.zeros(len(self.tasks), dtype=torch.float64)
+        weight_sums: Tensor | None = None
+        cos_sum = torch.zeros(len(self.tasks), dtype=torch.float64)
+        conflict_steps = cos_steps = 0
+        _reset_peak_memory(self.device)
+        for cb in self.callbacks:
+            cb.on_epoch_start(self, epoch)
+        limit = self._steps_per_epoch()
+        n_steps = 0
+        for batch in self._loader(epoch):
+            if n_steps >= limit:
+                break
+            t0 = time.perf_counter()
+            info = self.train_step(batch, epoch)
+            step_times.append(time.perf_counter() - t0)
+            n_steps += 1
+            loss_sums += info["losses"].to("cpu", torch.float64)
+            if "solver_seconds" in info:
+                solver_times.append(info["solver_seconds"])
+            if "engine_seconds" in info:
+                engine_times.append(info["engine_seconds"])
+            if "weights" in info:
+                weight_sums = info["weights"] if weight_sums is None else weight_sums + info["weights"]
+            if "cosines" in info:
+                cos = info["cosines"].to("cpu", torch.float64)
+                cos_sum += cos
+                cos_steps += 1
+                conflict_steps += int((cos < 0).any())
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(epoch=epoch, loss=f"{float(info['losses'].sum()):.4f}", refresh=False)
+        train_seconds = time.perf_counter() - started
+        self.dist.sync_parameters(self.model, f"the end of epoch {epoch}")
+        splits = self.dist.from_rank0(lambda: {
+            split: evaluate_model(self.model, self.bench, self.data.splits[split], self.tasks, self.task_index,
+                                  self.config.eval_batch_size, self.device) for split in EVAL_SPLITS})
+        record: dict[str, Any] = {
+            "epoch": epoch,
+            "splits": splits,
+            "train_loss": {t.name: float(v) for t, v in zip(self.tasks, loss_sums / max(n_steps, 1))},
+            "steps": n_steps,
+            "train_seconds": train_seconds,
+            "epoch_seconds": time.perf_counter() - started,
+            "step_seconds_median": statistics.median(step_times) if step_times else 0.0,
+            "samples_per_second": (n_steps * self.config.batch_size * self.dist.world_size) / max(train_seconds, 1e-9),
+            "peak_memory_bytes": _peak_memory_bytes(self.device),
+            "lr": self.optimizer.param_groups[0]["lr"],
+        }
+        if self.scheduler is not None:
+            record["scheduler_monitor"] = self.scheduler.step(splits["val"])
+        if solver_times:  # median over the steps that solved; per_step amortises over all steps
+            record["solver_seconds_median"] = statistics.median(solver_times)
+            record["solver_seconds_per_step"] = sum(solver_times) / n_steps
+            record["weight_solves"] = len(solver_times)
+        if engine_times:
+            record["engine_seconds_median"] = statistics.median(engine_times)
+        if weight_sums is not None:
+            record["method_weights_mean"] = {t.name: float(v) for t, v in zip(self.tasks, weight_sums / n_steps)}
+        if cos_steps:
+            record["conflict_ratio"] = conflict_steps / cos_steps
+            record["cosine_to_mean"] = {t.name: float(v) for t, v in zip(self.tasks, cos_sum / cos_steps)}
+        self.method.on_epoch_end(epoch)
+        for cb in self.callbacks:
+            cb.on_epoch_end(self, record)
+        self.history.append(record)
+        self._write_metrics()
+        self._save_checkpoint(epoch)
+        self.dist.barrier()
+
+    # -- outputs -------------------------------------------------------------------------------
+    def _metric_specs(self) -> dict[str, dict[str, dict[str, bool]]]:
+        return {t.name: t.metric_specs() for t in self.tasks}
+
+    def _write_metrics(self, final: dict[str, Any] | None = None) -> None:
+        if not self.dist.is_main:  # every rank holds the same history; rank 0 writes it
+            return
+        payload = {
+            "schema": 1,
+            "benchmark": self.bench.name,
+            "method": self.config.method,
+            "seed": self.config.seed,
+            "tasks": [t.name for t in self.tasks],
+            "primary_metrics": {t.name: t.primary for t in self.tasks},
+            "hv_reference": {t.name: t.hv_reference for t in self.tasks},
+            "metric_specs": self._metric_specs(),
+            "data_hash": self.data.content_hash,
+            "selection": {"rule": self.config.select, "split_used_for_selection": None,
+                          "note": "final = last epoch or mean of the last K epochs; test never selects"},
+            "epochs": self.history,
+        }
+        if final is not None:
+            payload["final"] = final
+        atomic.write_json(self.out_dir / "metrics.json", payload)
+
+    def _run_info(self) -> dict[str, Any]:
+        return {
+            "benchmark": self.bench.name,
+            "benchmark_config": self.bench.config,
+            "data_hash": self.data.content_hash,
+            "kind": "single-task" if len(self.tasks) == 1 and len(self.bench.tasks) > 1 else "multi-task",
+            "tasks": [t.name for t in self.tasks],
+            "config": dataclasses.asdict(self.config),
+            "fingerprint": self.config.fingerprint(),
+            "versions": {"mtlflow": mtlflow.__version__, "torch": torch.__version__,
+                         "python": platform.python_version()},
+            "distributed": self.dist.describe(),
+        }
+
+    def _write_run_json(self, status: str, error: str | None = None) -> None:
+        if not self.dist.is_main:
+            return
+        info = self._run_info()
+        info["status"] = status
+        if error:
+            info["error"] = error
+        atomic.write_json(self.out_dir / "run.json", info)
+
+    def _save_checkpoint(self, epoch: int) -> None:
+        if not self.dist.is_main:
+            return
+        atomic.torch_save({
+            "epoch": epoch,
+            "world_size": self.dist.world_size,
+            "global_step": self.global_step,
+            "fingerprint": self.config.fingerprint(),
+            "data_hash": self.data.content_hash,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "method": self.method.state_dict(),
+            "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks},
+            "reused_weights": self.reused_weights,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "rng": capture_rng_state(),
+            "history": self.history,
+        }, self.out_dir / "checkpoint.pt")
+
+    def _load_checkpoint(self) -> int:
+        path = self.out_dir / "checkpoint.pt"
+        try:
+            ckpt = self.dist.load(path, self.device)
+        except Exception as exc:
+            raise DataError(f"checkpoint {path} is corrupt ({type(exc).__name__}); delete it to start over") from None
+        self.dist.check_checkpoint(ckpt, path)
+        if ckpt.get("fingerprint") != self.config.fingerprint():
+            raise InvalidParameterError(
+                f"checkpoint {path} was written with a different configuration; use the same options "
+                "to resume or another --out directory")
+        if ckpt.get("data_hash") != self.data.content_hash:
+            raise DataError(f"checkpoint {path} was trained on other data (hash {ckpt.get('data_hash')}); "
+                            "resume with the same prepared data")
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.method.load_state_dict(ckpt["method"])
+        for cb in self.callbacks:
+            cb.load_state_dict(ckpt.get("callbacks", {}).get(cb.name, {}))
+        self.reused_weights = ckpt.get("reused_weights")
+        if self.scheduler is not None and ckpt.get("scheduler") is not None:
+            self.scheduler.load_state_dict(ckpt["scheduler"])
+        restore_rng_state(ckpt["rng"])
+        self.history = list(ckpt["history"])
+        self.global_step = int(ckpt["global_step"])
+        return int(ckpt["epoch"])
+
+    def _finish(self) -> dict[str, Any]:
+        final = select_final(self.history, self.config.select)
+        self._write_metrics(final)
+        if not self.dist.is_main:
+            return {"final": final, "epochs": len(self.history)}
+        atomic.torch_save({"state_dict": self.model.state_dict(), "benchmark": self.bench.name,
+                           "benchmark_config": self.bench.config, "tasks": [t.name for t in self.tasks],
+                           "method": self.config.method, "data_hash": self.data.content_hash,
+                           "architecture": architectures.architecture_spec(self.model)},
+                          self.out_dir / "model.pt")
+        return {"final": final, "epochs": len(self.history)}
+
+
+def load_model(model_path: str | Path, device: str = "cpu"):
+    """Rebuild the benchmark model saved by :class:`Trainer` (returns ``(bench, model, blob)``)."""
+    from mtlflow import benchmarks
+
+    path = Path(model_path)
+    if not path.is_file():
+        raise DataError(f"model file not found: expected {path}; train a run first")
+    try:
+        blob = torch.load(path, map_location=device, weights_only=False)
+    except Exception as exc:
+        raise DataError(f"model file {path} is corrupt ({type(exc).__name__}); retrain the run") from None
+    bench = benchmarks.build(blob["benchmark"], **blob["benchmark_config"])
+    model = architectures.rebuild_model(bench, blob["tasks"], blob.get("architecture"))
+    model.load_state_dict(blob["state_dict"])
+    return bench, model.to(device), blob
+
+
+def resolve_task_names(bench: Benchmark, tasks: Sequence[str] | None) -> list[str]:
+    return [t.name for t in bench.select_tasks(tasks)]

@@ -1,0 +1,3 @@
+"""The papers' experiments built on the library: benchmarks of the step, toy trajectories, COST's ablation
+and overhead tables, ASMG's synthetic study.
+"""

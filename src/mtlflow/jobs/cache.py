@@ -1,0 +1,42 @@
+"""The data cache: benchmarks the CLI and the experiments prepare on demand, once per configuration.
+
+``$MTLFLOW_CACHE`` (default ``~/.cache/mtlflow``) holds ``data/<benchmark>-<config hash>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from mtlflow import benchmarks, jobs
+from mtlflow.benchmarks.base import Benchmark
+from mtlflow.core.errors import DataError
+from mtlflow.core.outputs import check_output_dir
+from mtlflow.engine.distributed import file_lock
+
+
+def default_cache_dir() -> Path:
+    return check_output_dir(os.environ.get("MTLFLOW_CACHE", Path.home() / ".cache" / "mtlflow"), "$MTLFLOW_CACHE")
+
+
+def cache_path(bench: Benchmark) -> Path:
+    """Where ``bench`` (with its configuration) is cached, prepared or not."""
+    key = hashlib.sha256(json.dumps(bench.config, sort_keys=True).encode()).hexdigest()[:12]
+    return default_cache_dir() / "data" / f"{bench.name}-{key}"
+
+
+def cached_data_dir(benchmark: str, config: dict[str, Any]) -> Path:
+    """Prepare ``benchmark`` with ``config`` into the cache once; reuse it afterwards."""
+    path = cache_path(benchmarks.build(benchmark, **config))
+    # torchrun's processes wait here: one prepares, the others reuse (prepare takes its own lock inside)
+    with file_lock(path.with_name(f".{path.name}.wait.lock")):
+        try:
+            jobs.load_prepared(path)
+        except DataError:
+            print(f"preparing {benchmark} data into {path}", file=sys.stderr)
+            jobs.prepare(benchmark, path, overwrite=True, **config)
+    return path

@@ -1,0 +1,80 @@
+"""Losses and metrics of regression tasks trained on standardised targets.
+
+A benchmark that standardises a target with its training mean and standard deviation ``s`` yields
+the target of every sample as the pair ``(standardised value, s)`` (shape ``[..., 2]``). The model
+predicts in standard units; the loss works there, and the metrics report errors in the original
+units, ``|ŷ - y| * s`` (the mean cancels). No metric needs state from the prepared data, so every
+consumer (trainer, ``evaluate``, pipeline components) reports the same units. Missing targets (NaN)
+are skipped.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from mtlflow.metrics.task import Metric
+
+
+def _split(pred: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Predictions, standardised targets, scales and the mask of present targets, all flat."""
+    value, scale = target[..., 0], target[..., 1]
+    pred = pred.reshape(value.shape)
+    mask = torch.isfinite(value)
+    return pred[mask], value[mask], scale[mask], mask
+
+
+def standardised_mse(pred: Tensor, target: Tensor) -> Tensor:
+    """Mean squared error in standard units over present targets; 0 for a batch without any."""
+    value = target[..., 0]
+    pred = pred.reshape(value.shape)
+    mask = torch.isfinite(value)
+    diff = torch.where(mask, pred - torch.nan_to_num(value).to(pred.dtype), torch.zeros_like(pred))
+    return diff.pow(2).sum() / mask.sum().clamp_min(1)
+
+
+class _OriginalUnitError(Metric):
+    higher_is_better = False
+
+    def reset(self) -> None:
+        self.sum = 0.0
+        self.count = 0
+
+    def _errors(self, pred: Tensor, target: Tensor) -> Tensor:
+        p, y, s, _ = _split(pred, target)
+        return (p.double() - y.double()) * s.double()
+
+    def compute(self) -> float:
+        return self.sum / max(self.count, 1)
+
+
+class MAE(_OriginalUnitError):
+    """Mean absolute error in the target's original units."""
+
+    name = "mae"
+
+    def update(self, pred: Tensor, target: Tensor) -> None:
+        errors = self._errors(pred, target)
+        self.sum += float(errors.abs().sum())
+        self.count += int(errors.numel())
+
+
+class RMSE(_OriginalUnitError):
+    """Root mean squared error in the target's original units."""
+
+    name = "rmse"
+
+    def update(self, pred: Tensor, target: Tensor) -> None:
+        errors = self._errors(pred, target)
+        self.sum += float(errors.pow(2).sum())
+        self.count += int(errors.numel())
+
+    def compute(self) -> float:
+        return math.sqrt(self.sum / max(self.count, 1))
+
+
+def with_scale(standardised: Tensor, scale: Tensor) -> Tensor:
+    """``[..., K]`` standardised targets and ``[K]`` scales -> ``[..., K, 2]`` target pairs."""
+    return torch.stack([standardised, scale.to(standardised.dtype).expand_as(standardised)], dim=-1)
