@@ -273,7 +273,7 @@ def run_bench(out_dir: str | Path, methods: Sequence[str], task_counts: Sequence
               cost_epochs: int = 2) -> dict[str, Any]:
     """Measure every method (and the engine rows) for every K; write ``bench.json`` and ``bench.md``.
     ``hparams`` maps method names to hyper-parameters (e.g. ``{"nashmtl": {"update_weights_every": 10}}``).
-    ``teleport="cost"`` adds COST's overhead per epoch over each method (:mod:`mtlflow.experiments.cost_overhead`)."""
+    ``teleport="cost"`` adds COST's overhead per epoch over each method (:func:`add_cost_overhead`)."""
     if steps < 1 or warmup < 0:
         raise InvalidParameterError("--steps must be >= 1 and --warmup >= 0")
     if batch_size < 1 or width < 1 or image_size < 8:
@@ -300,8 +300,6 @@ def run_bench(out_dir: str | Path, methods: Sequence[str], task_counts: Sequence
         summary = _run_bench(out_dir, methods, task_counts, benchmark, steps, warmup, batch_size, width, image_size,
                              device, engine_rows, grad_wrt, progress, hparams)
         if teleport:
-            from mtlflow.experiments.cost_overhead import add_cost_overhead
-
             add_cost_overhead(summary, out_dir, list(methods), teleport_options, cost_epoch_steps, cost_epochs,
                               hparams, progress)
         return summary

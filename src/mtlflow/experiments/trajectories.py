@@ -282,7 +282,7 @@ def run_toy(method_names: Sequence[str], out_dir: str | Path, steps: int = DEFAU
             teleport_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run every method (``jobs`` methods at a time in worker processes), then write ``toy.json``,
     ``toy.md`` and ``toy.png`` into ``out_dir``. ``teleport="cost"`` adds each method + COST after it
-    and ``cost-<method>.png`` (the COST paper's Fig. 6), see :mod:`mtlflow.experiments.cost_trajectories`."""
+    and ``cost-<method>.png`` (the COST paper's Fig. 6), see :func:`add_cost_results`."""
     if steps < 1:
         raise InvalidParameterError(f"--steps must be >= 1, got {steps}")
     if not (scale > 0 and math.isfinite(scale)):
@@ -316,7 +316,6 @@ def run_toy(method_names: Sequence[str], out_dir: str | Path, steps: int = DEFAU
     out.mkdir(parents=True, exist_ok=True)
     teleports: dict[str, Any] = {}
     if teleport:
-        from mtlflow.experiments.cost_trajectories import add_cost_results
         from mtlflow.teleport import validate
 
         validate(teleport, teleport_options)
