@@ -14,8 +14,9 @@ import torch
 from mtlflow import benchmarks, jobs
 from mtlflow.benchmarks.asmg_synthetic import PROBLEMS, mixed_ellipsoid_rastrigin, shift_l1_ellipsoid, start_point
 from mtlflow.cli import main
+from mtlflow.config.run import RunConfig
 from mtlflow.core.errors import NonFiniteLossError
-from mtlflow.engine.trainer import TrainConfig, Trainer
+from mtlflow.engine.trainer import Trainer
 from mtlflow.methods._blackbox import (
     ASMG,
     ASMGConfig,
@@ -137,7 +138,7 @@ def test_trainer_method_uses_loss_evaluations_only(multimnist_small: Path, tmp_p
         raise AssertionError("ASMG must not differentiate the model")
 
     bench, data = jobs.load_prepared(multimnist_small)
-    config = TrainConfig(method="asmg", epochs=1, batch_size=32, max_steps_per_epoch=2,
+    config = RunConfig(method="asmg", epochs=1, batch_size=32, max_steps_per_epoch=2,
                          hparams={"params": "head-last", "init_from": str(seed_run / "model.pt"), "reinit": True,
                                   "n_samples": 6, "sigma0": 0.01})
     trainer = Trainer(bench, data, config, tmp_path / "asmg", progress=False)

@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 from mtlflow import jobs
+from mtlflow.config.run import RunConfig
 from mtlflow.core.callbacks import Callback
-from mtlflow.engine.trainer import TrainConfig, Trainer
+from mtlflow.engine.trainer import Trainer
 from mtlflow.models.base import MultiTaskModel
 from mtlflow.models.lenet import LeNetTrunk, classification_head
 
@@ -29,7 +30,7 @@ def _model(names, dropout: bool) -> MultiTaskModel:
 def _trainer(data_dir, tmp_path, name, dropout=False, method="fairgrad", teleport=None, steps=2, **options):
     bench, data = jobs.load_prepared(data_dir)
     bench.make_model = lambda names=None: _model(bench.task_names if names is None else names, dropout)
-    config = TrainConfig(method=method, batch_size=32, max_steps_per_epoch=steps, epochs=1, seed=3,
+    config = RunConfig(method=method, batch_size=32, max_steps_per_epoch=steps, epochs=1, seed=3,
                          hparams=jobs.resolved_hparams(bench, method, {}), teleport=teleport,
                          teleport_options=options if teleport else {})
     trainer = Trainer(bench, data, config, tmp_path / name, progress=False)

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from mtlflow import jobs
+from mtlflow.config.run import RunConfig
 from mtlflow.core.callbacks import Callback
 from mtlflow.core.errors import InvalidParameterError
-from mtlflow.engine.trainer import TrainConfig, Trainer
+from mtlflow.engine.trainer import Trainer
 from mtlflow.teleport import adapters
 
 #: a teleport must leave every task loss on the trigger batch within this much of its value (relative)
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def _trainer(data_dir, tmp_path, method="fairgrad", **options):
     bench, data = jobs.load_prepared(data_dir)
-    config = TrainConfig(method=method, batch_size=64, max_steps_per_epoch=2, epochs=1,
+    config = RunConfig(method=method, batch_size=64, max_steps_per_epoch=2, epochs=1,
                          hparams=jobs.resolved_hparams(bench, method, {}), teleport="cost",
                          teleport_options={**ALWAYS, **options})
     trainer = Trainer(bench, data, config, tmp_path / "run", progress=False)
@@ -137,13 +138,13 @@ def test_oft_is_refused_on_conv_layers_and_bad_wrappers_are_one_line_errors(mult
         _trainer(multimnist_small, tmp_path, adapter="oft")
     bench, data = jobs.load_prepared(multimnist_small)
     with pytest.raises(InvalidParameterError, match="unknown teleport 'bogus'"):
-        TrainConfig(teleport="bogus").validate()
+        RunConfig(teleport="bogus").validate()
     with pytest.raises(InvalidParameterError, match="without a teleport"):
-        TrainConfig(teleport_options={"trigger": "weak"}).validate()
+        RunConfig(teleport_options={"trigger": "weak"}).validate()
     with pytest.raises(InvalidParameterError, match="at least 2 tasks"):
-        Trainer(bench, data, TrainConfig(tasks=["left"], teleport="cost"), tmp_path / "r", progress=False)
+        Trainer(bench, data, RunConfig(tasks=["left"], teleport="cost"), tmp_path / "r", progress=False)
     with pytest.raises(InvalidParameterError, match="owns its training step"):
-        TrainConfig(method="moml", teleport="cost").validate()
+        RunConfig(method="moml", teleport="cost").validate()
 
 
 @pytest.mark.parametrize("method", ["ls", "mgda", "famo", "fairgrad", "nashmtl"])

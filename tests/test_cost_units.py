@@ -134,7 +134,8 @@ class _ToDouble(nn.Module):
 def _double_lenet_trainer(data_dir, tmp_path, options):
     """A COST trainer on MultiMNIST whose LeNet (with BatchNorm) runs in float64, for finite differences."""
     from mtlflow import jobs
-    from mtlflow.engine.trainer import TrainConfig, Trainer
+    from mtlflow.config.run import RunConfig
+    from mtlflow.engine.trainer import Trainer
     from mtlflow.models.base import MultiTaskModel
     from mtlflow.models.lenet import LeNetTrunk, classification_head
 
@@ -147,7 +148,7 @@ def _double_lenet_trainer(data_dir, tmp_path, options):
         return MultiTaskModel(trunk, [classification_head(16, 10, hidden=8) for _ in names], list(names)).double()
 
     bench.make_model = make_model
-    config = TrainConfig(method="fairgrad", batch_size=16, max_steps_per_epoch=1, epochs=1,
+    config = RunConfig(method="fairgrad", batch_size=16, max_steps_per_epoch=1, epochs=1,
                          hparams=jobs.resolved_hparams(bench, "fairgrad", {}), teleport="cost",
                          teleport_options=options)
     return Trainer(bench, data, config, tmp_path / "run", progress=False)

@@ -13,8 +13,8 @@ from torch import nn
 
 from mtlflow import jobs
 from mtlflow import methods as method_registry
+from mtlflow.config.run import RunConfig
 from mtlflow.core.errors import InvalidParameterError, UnknownNameError
-from mtlflow.engine.trainer import TrainConfig
 from mtlflow.grad_engine import (
     JACOBIAN_BACKENDS,
     AutogramGramian,
@@ -167,7 +167,7 @@ def test_gramian_method_trajectory_is_the_same_for_every_backend(multimnist_smal
     from mtlflow.engine.trainer import Trainer
 
     bench, data = jobs.load_prepared(multimnist_small)
-    initial = Trainer(bench, data, TrainConfig(method="mgda"), tmp_path / "init", progress=False).model.state_dict()
+    initial = Trainer(bench, data, RunConfig(method="mgda"), tmp_path / "init", progress=False).model.state_dict()
     states = {}
     for backend in ["loop", "batched", "func", "autojac", "autogram"]:
         jobs.train(multimnist_small, tmp_path / backend, method="mgda", grad_backend=backend, **TRAJECTORY)
@@ -270,7 +270,7 @@ def test_reuse_step_back_propagates_the_reused_weights(test_methods: Any, multim
     bench, data = jobs.load_prepared(multimnist_small)
     from mtlflow.engine.trainer import Trainer
 
-    config = TrainConfig(method="counting-min-norm", hparams={"update_weights_every": 2}, batch_size=16)
+    config = RunConfig(method="counting-min-norm", hparams={"update_weights_every": 2}, batch_size=16)
     trainer = Trainer(bench, data, config, tmp_path / "run", progress=False)
     batch = next(iter(trainer._loader(1)))
     trainer.train_step(batch, 1)
@@ -293,14 +293,14 @@ def test_backend_selection_errors(test_methods: Any) -> None:
     with pytest.raises(UnknownNameError, match="valid gradient backends: auto, loop, batched, func, autojac, autogram"):
         resolve_backend("vmap")
     with pytest.raises(InvalidParameterError, match="unknown gradient backend 'vmap'; valid gradient backends: auto"):
-        TrainConfig(method="mgda", grad_backend="vmap").validate()
+        RunConfig(method="mgda", grad_backend="vmap").validate()
     with pytest.raises(InvalidParameterError, match="computes only the Gramian but method 'needs-jacobian' needs"):
-        TrainConfig(method="needs-jacobian", grad_backend="autogram").validate()
+        RunConfig(method="needs-jacobian", grad_backend="autogram").validate()
     with pytest.raises(InvalidParameterError, match="grad_wrt 'representation' applies to Gramian-weighting methods"):
-        TrainConfig(method="needs-jacobian", grad_wrt="representation").validate()
-    TrainConfig(method="ls", grad_backend="autogram", grad_wrt="representation").validate()  # nothing per task
+        RunConfig(method="needs-jacobian", grad_wrt="representation").validate()
+    RunConfig(method="ls", grad_backend="autogram", grad_wrt="representation").validate()  # nothing per task
     with pytest.raises(InvalidParameterError, match="grad_wrt must be one of parameters, representation"):
-        TrainConfig(grad_wrt="features").validate()
+        RunConfig(grad_wrt="features").validate()
     with pytest.raises(InvalidParameterError, match="update_weights_every=0 is invalid"):
         method_registry.build("counting-min-norm", 2, update_weights_every=0)
 

@@ -115,7 +115,7 @@ def test_table_command_rejects_bad_input_before_preparing(tmp_path: Path, capsys
     assert main(["hypercleaning", "--hp", "rho=-1", "--methods", "forum", "--out", str(tmp_path / "b")]) == 2
     assert "rho" in capsys.readouterr().err
     assert main(["hypercleaning", "--hp", "ls.rho=1", "--out", str(tmp_path / "c")]) == 2
-    assert "not a bi-level row" in capsys.readouterr().err
+    assert "names method 'ls', which this command does not run (it runs: moml, moco, forum)" in capsys.readouterr().err
     assert not (tmp_path / "cache").exists() and not any((tmp_path / n).exists() for n in "abc")
 
 

@@ -109,10 +109,11 @@ class CallCounter:
 
 
 def trainer_for(data_dir: Path, tmp_path: Path, **hp):
-    from mtlflow.engine.trainer import TrainConfig, Trainer
+    from mtlflow.config.run import RunConfig
+    from mtlflow.engine.trainer import Trainer
 
     bench, data = jobs.load_prepared(data_dir)
-    config = TrainConfig(method="ldcmtl", hparams=hp, batch_size=32, seed=0)
+    config = RunConfig(method="ldcmtl", hparams=hp, batch_size=32, seed=0)
     trainer = Trainer(bench, data, config, tmp_path / "run", progress=False)
     batch = next(iter(trainer._loader(1)))
     return trainer, batch

@@ -211,7 +211,7 @@ def test_cli_selects_the_architecture_and_rejects_bad_options(capsys: pytest.Cap
     assert main(["architectures", "--json"]) == 0
     listed = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
     assert set(listed) == {"hps", "normal"} and listed["normal"]["options"]["solver"]["default"] == "euler"
-    code = main(["train", "--benchmark", "multimnist", "--architecture", "normal", "--arch-option", "solver=heun",
+    code = main(["train", "--benchmark", "multimnist", "--architecture", "normal", "--architecture-option", "solver=heun",
                  "--out", str(tmp_path / "x")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "solver" in err[0]
@@ -233,10 +233,11 @@ def test_trainer_never_decays_the_task_positions(multimnist_small: Path, tmp_pat
     """The trainer's optimizer puts every position in a group with weight decay 0 while the other
     parameters keep the configured decay: one step on zero gradients moves no position and shrinks the
     backbone by exactly lr·wd (AdamW) / lr·wd·w (SGD)."""
-    from mtlflow.engine.trainer import TrainConfig, Trainer
+    from mtlflow.config.run import RunConfig
+    from mtlflow.engine.trainer import Trainer
 
     bench, data = jobs.load_prepared(multimnist_small)
-    config = TrainConfig(method="ls", batch_size=32, epochs=1, lr=0.1, weight_decay=0.5, optimizer=optimizer,
+    config = RunConfig(method="ls", batch_size=32, epochs=1, lr=0.1, weight_decay=0.5, optimizer=optimizer,
                          architecture="normal", architecture_options={"step_size": 0.25})
     trainer = Trainer(bench, data, config, tmp_path / "run", progress=False)
     positions = {id(h.position_parameter) for h in trainer.model.heads}

@@ -10,8 +10,9 @@ import torch
 from conftest import TINY_RUN
 
 from mtlflow import cli, jobs
+from mtlflow.config.run import RunConfig
 from mtlflow.core.errors import DataError, InvalidParameterError
-from mtlflow.engine.trainer import TrainConfig, Trainer, load_model
+from mtlflow.engine.trainer import Trainer, load_model
 from mtlflow.metrics.scoring import hypervolume
 
 #: a 3-point evaluation grid and no per-epoch front keep the plumbing tests fast
@@ -35,7 +36,7 @@ def test_step_minimises_the_sum_over_rays_of_the_preference_weighted_losses(mult
     """Algorithm 1: for every ray λ_m the network is W + (α/r) Σ λ_t A_t B_t and its loss λ_mᵀ L; one
     update follows the gradient of Σ_m λ_mᵀ L_m w.r.t. base weights, adapters and heads."""
     bench, data = jobs.load_prepared(multimnist_small)
-    config = TrainConfig(method="palora", hparams={"rays": 3, "alpha": 2.0, **FAST}, epochs=1, batch_size=32,
+    config = RunConfig(method="palora", hparams={"rays": 3, "alpha": 2.0, **FAST}, epochs=1, batch_size=32,
                          optimizer="sgd", lr=1.0)
     trainer = Trainer(bench, data, config, tmp_path / "run", progress=False)
     method = trainer.method

@@ -114,8 +114,9 @@ def test_mtan_attention_masks_get_their_tasks_plain_gradient_in_every_gradient_m
     import sys
 
     from mtlflow import jobs
+    from mtlflow.config.run import RunConfig
     from mtlflow.core.callbacks import Callback
-    from mtlflow.engine.trainer import TrainConfig, Trainer
+    from mtlflow.engine.trainer import Trainer
 
     sys.path.insert(0, str(Path(__file__).parent))
     from test_bench_fixtures import write_mtan
@@ -123,7 +124,7 @@ def test_mtan_attention_masks_get_their_tasks_plain_gradient_in_every_gradient_m
     write_mtan(tmp_path / "nyu", "label", 13, normals=True)
     jobs.prepare("nyuv2", tmp_path / "prepared", data_dir=str(tmp_path / "nyu"), width_divisor=8)
     bench, data = jobs.load_prepared(tmp_path / "prepared")
-    config = TrainConfig(method=method, batch_size=2, max_steps_per_epoch=1, epochs=1,
+    config = RunConfig(method=method, batch_size=2, max_steps_per_epoch=1, epochs=1,
                          hparams=jobs.resolved_hparams(bench, method, {}))
     trainer = Trainer(bench, data, config, tmp_path / "run", progress=False)
     batch = next(iter(trainer._loader(1)))

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
+import types
+import typing
 from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
 
+from mtlflow.config.run import RunConfig, cli_flag, parse_hparams
 from mtlflow.core.errors import InvalidParameterError, MtlflowError, Terminated
 from mtlflow.core.seeding import seed_arg
 from mtlflow.jobs.cache import cache_path, cached_data_dir, default_cache_dir
@@ -54,6 +58,46 @@ def _csv(value: str | None) -> list[str] | None:
         return None
     items = [v.strip() for v in value.split(",") if v.strip()]
     return items or None
+
+
+
+
+def add_run_options(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
+    """One flag per :class:`~mtlflow.config.run.RunConfig` field (``--batch-size`` is ``batch_size``), with
+    the field's help; mapping fields are repeatable ``--<name>-option KEY=VALUE`` (``--hp`` for hparams).
+    Every flag defaults to "not given", so the benchmark's recipe and then the field's default apply."""
+    for f in dataclasses.fields(RunConfig):
+        if only is not None and f.name not in only:
+            continue
+        hint = typing.get_type_hints(RunConfig)[f.name]
+        optional = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        hint = next(k for k in typing.get_args(hint) if k is not type(None)) if optional else hint
+        kind = typing.get_origin(hint) or hint
+        flag, help_text = cli_flag(f.name), f.metadata["help"]
+        if kind is dict:
+            metavar = "[METHOD.]NAME=VALUE" if f.name == "hparams" else "KEY=VALUE"
+            parser.add_argument(flag, dest=f.name, action="append", metavar=metavar,
+                                help=help_text + " (repeatable)")
+        elif kind is bool:
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, help=help_text)
+        elif kind is list:
+            parser.add_argument(flag, dest=f.name, metavar="A,B,...", help=help_text)
+        else:
+            convert = seed_arg if f.name == "seed" else kind
+            parser.add_argument(flag, dest=f.name, type=convert, help=help_text)
+
+
+def run_options(args: argparse.Namespace, only: Sequence[str] | None = None) -> dict[str, Any]:
+    """The RunConfig fields given on the command line (mapping flags parsed into dicts)."""
+    given = {}
+    for f in dataclasses.fields(RunConfig):
+        if (only is not None and f.name not in only) or getattr(args, f.name, None) is None:
+            continue
+        value = getattr(args, f.name)
+        if typing.get_origin(typing.get_type_hints(RunConfig)[f.name]) is dict:
+            value = parse_assignments(value, cli_flag(f.name))
+        given[f.name] = value
+    return given
 
 
 # -- commands --------------------------------------------------------------------------------
@@ -149,15 +193,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from mtlflow.core.outputs import check_output_dir, stale_run_files
 
     _check_data_source(args)
-    hparams = parse_assignments(args.hp, "--hp")
-    overrides = dict(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
-                     weight_decay=args.weight_decay, momentum=args.momentum, method_lr=args.method_lr, clip_grad_norm=args.clip_grad_norm,
-                     select=args.select, max_steps_per_epoch=args.max_steps_per_epoch, device=args.device,
-                     grad_backend=args.grad_backend, grad_wrt=args.grad_wrt, amp=args.amp,
-                     num_workers=args.num_workers, architecture=args.architecture,
-                     architecture_options=parse_assignments(args.arch_option, "--arch-option") or None,
-                     teleport=args.teleport,
-                     teleport_options=parse_assignments(args.teleport_option, "--teleport-option") or None)
+    given = run_options(args)
+    args.method = given.pop("method", RunConfig.method)
+    args.seed = given.pop("seed", RunConfig.seed)
+    args.tasks = given.pop("tasks", None)
+    hparams = parse_hparams(given.pop("hparams", {}), [args.method]).get(args.method, {})
+    overrides = given
     if args.dry_run:
         return _dry_run(args, hparams, overrides)
     if args.out is None:
@@ -305,28 +346,19 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def _method_hparams(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:
-    """``["famo.gamma=0", "cagrad.c=0.5"]`` -> ``{"famo": {"gamma": 0}, "cagrad": {"c": 0.5}}``."""
-    out: dict[str, dict[str, Any]] = {}
-    for key, value in parse_assignments(items, "--hp").items():
-        method, dot, name = key.partition(".")
-        if not dot or not method or not name:
-            raise InvalidParameterError(f"--hp {key}=... must look like METHOD.NAME=VALUE, e.g. famo.gamma=0")
-        out.setdefault(method, {})[name] = value
-    return out
+def _hparams(args: argparse.Namespace, methods: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``--hp [METHOD.]NAME=VALUE`` of a command that runs ``methods``."""
+    return parse_hparams(parse_assignments(args.hp, "--hp"), methods)
 
 
 def cmd_toy(args: argparse.Namespace) -> int:
     from mtlflow.experiments.trajectories import resolve_methods, run_toy
 
     names = resolve_methods(args.methods)
-    hparams = _method_hparams(args.hp)
-    unknown = sorted(set(hparams) - set(names))
-    if unknown:
-        raise InvalidParameterError(f"--hp names method(s) {', '.join(unknown)} that are not in --methods")
+    hparams = _hparams(args, names)
     teleport_options = parse_assignments(args.teleport_option, "--teleport-option")
     if args.teleport:
-        from mtlflow.experiments.cost_trajectories import toy_options
+        from mtlflow.experiments.trajectories import toy_options
         from mtlflow.teleport import validate
 
         validate(args.teleport, teleport_options)
@@ -346,13 +378,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from mtlflow.experiments.bench import ENGINE_ROWS, SYNTHETIC, parse_task_counts, run_bench
     from mtlflow.experiments.trajectories import resolve_methods
 
-    summary = run_bench(args.out, resolve_methods(args.methods), parse_task_counts(args.tasks),
+    names = resolve_methods(args.methods)
+    summary = run_bench(args.out, names, parse_task_counts(args.tasks),
                         benchmark=args.benchmark or SYNTHETIC, steps=args.steps, warmup=args.warmup,
                         batch_size=args.batch_size, width=args.width, image_size=args.image_size,
                         device=args.device, threads=args.threads,
                         engine_rows=ENGINE_ROWS if args.engine is None else (_csv(args.engine) or []),
                         grad_wrt=_csv(args.grad_wrt) or ["parameters"], progress=not args.no_progress,
-                        hparams=_method_hparams(args.hp), teleport=args.teleport,
+                        hparams=_hparams(args, names), teleport=args.teleport,
                         teleport_options=parse_assignments(args.teleport_option, "--teleport-option"),
                         cost_epoch_steps=args.cost_epoch_steps, cost_epochs=args.cost_epochs)
     print(f"bench: wrote {Path(args.out) / 'bench.md'} and bench.json ({len(summary['methods'])} rows)")
@@ -394,12 +427,7 @@ def cmd_hypercleaning(args: argparse.Namespace) -> int:
     from mtlflow.experiments.hypercleaning import run_table, table_hparams
 
     rows = _csv(args.methods) or []
-    per_row: dict[str, dict[str, Any]] = {}
-    for key, value in parse_assignments(args.hp, "--hp").items():
-        row, dot, name = key.partition(".")
-        targets = [row] if dot else [r for r in rows if r != "ls"]
-        for target in targets:
-            per_row.setdefault(target, {})[name if dot else key] = value
+    per_row = _hparams(args, [r for r in rows if r != "ls"])  # LS (no cleaning) has no hyper-parameters here
     table_hparams(rows, per_row)  # reject bad input before any data is prepared
     seeds = _seed_list(args.seeds)
     data_dir = Path(args.data) if args.data else cached_data_dir("hypercleaning", _bench_config(args))
@@ -407,6 +435,10 @@ def cmd_hypercleaning(args: argparse.Namespace) -> int:
               hparams=per_row, progress=not args.no_progress)
     print((Path(args.out) / "table.md").read_text(), end="")
     return 0
+
+
+#: the training options every run of `mtlflow ablate` shares
+ABLATION_RUN_OPTIONS = ("epochs", "batch_size", "lr", "max_steps_per_epoch", "select", "device")
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
@@ -421,10 +453,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         raise InvalidParameterError(f"--trigger must be one of {', '.join(RULES)}, got {args.trigger!r}")
     options = parse_assignments(args.teleport_option, "--teleport-option")
     validate("cost", options)
-    hparams = parse_assignments(args.hp, "--hp")
-    train_options = {k: v for k, v in dict(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                                            max_steps_per_epoch=args.max_steps_per_epoch, device=args.device,
-                                            select=args.select).items() if v is not None}
+    hparams = _hparams(args, [args.method]).get(args.method, {})
+    train_options = run_options(args, only=ABLATION_RUN_OPTIONS)
     seeds = _seed_list(args.seeds)
     if args.benchmark is not None:  # reject bad input before preparing any data
         bench = benchmarks.build(args.benchmark, **_bench_config(args))
@@ -455,6 +485,13 @@ def cmd_palora(args: argparse.Namespace) -> int:
     model_path = Path(args.run)
     print(json.dumps(palora.merge_saved_model(model_path / "model.pt" if model_path.is_dir() else model_path,
                                               preference, args.out)))
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from mtlflow.config.run import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
     return 0
 
 
@@ -496,7 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_methods)
 
     p = sub.add_parser("architectures", help="list the model architectures (combine with any method: "
-                       "`train --architecture NAME --arch-option KEY=VALUE`)")
+                       "`train --architecture NAME --architecture-option KEY=VALUE`)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_architectures)
 
@@ -521,37 +558,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark", help="benchmark name; its data is prepared into the cache if needed")
     p.add_argument("--data", help="prepared data directory (from `mtlflow prepare`)")
     data_options(p)
-    p.add_argument("--method", default="ls")
-    p.add_argument("--hp", action="append", metavar="KEY=VALUE", help="method hyper-parameter (repeatable)")
-    p.add_argument("--tasks", help="comma-separated subset of tasks (one task = single-task reference)")
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--seed", type=seed_arg, default=0)
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--optimizer", help="adam (default), adamw or sgd")
-    p.add_argument("--weight-decay", type=float)
-    p.add_argument("--momentum", type=float, help="SGD momentum (default 0.9; Adam/AdamW ignore it)")
-    p.add_argument("--method-lr", type=float,
-                   help="learning rate of the method's own parameters (UW, IMTL, GradNorm; default 0.025)")
-    p.add_argument("--clip-grad-norm", type=float, help="clip the global gradient norm after backward")
-    p.add_argument("--select", help="final-metric rule: last (default) or last-k:K")
-    p.add_argument("--max-steps-per-epoch", type=int)
-    p.add_argument("--device", help="cpu (default) or cuda")
-    p.add_argument("--grad-backend", help="per-task gradient backend: auto (default), loop, batched, func, "
-                   "autojac, autogram (Gramian-weighting methods)")
-    p.add_argument("--grad-wrt", help="per-task gradients w.r.t. the shared 'parameters' (default) or the "
-                   "shared 'representation' (MGDA-UB's bound)")
+    add_run_options(p)
     p.add_argument("--out", help="run directory (required unless --dry-run)")
     p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace the run already in --out (its result files "
                    "are deleted before training starts)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--amp", choices=["none", "bf16"], help="bf16: forward pass under torch.autocast in bfloat16")
-    p.add_argument("--num-workers", type=int, help="DataLoader worker processes (default 0)")
-    p.add_argument("--architecture", help="model architecture around the benchmark's model: hps (default) or "
-                   "normal (NORMAL's neural ODE with task positions); see `mtlflow architectures`")
-    p.add_argument("--arch-option", action="append", metavar="KEY=VALUE",
-                   help="architecture option (repeatable), e.g. step_size=0.05")
     p.add_argument("--dry-run", action="store_true",
                    help="print the resolved config, parameter counts and a memory estimate; train nothing")
     p.add_argument("--pushgateway", metavar="URL", help="push epoch telemetry to this Prometheus Pushgateway "
@@ -560,10 +572,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "while training")
     p.add_argument("--nproc", type=int, metavar="N", help="data-parallel training in N processes (runs "
                    "`torchrun --standalone --nproc_per_node N -m mtlflow train ...`; global batch = N x --batch-size)")
-    p.add_argument("--teleport", help="wrap the method in a teleportation scheme: cost (COST, symmetry "
-                   "teleportation of the shared trunk; see README 'COST teleportation')")
-    p.add_argument("--teleport-option", action="append", metavar="KEY=VALUE",
-                   help="COST option (repeatable), e.g. trigger=weak, max_per_epoch=2, adapter=loha, variant=released")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("evaluate", help="evaluate a trained run on a split")
@@ -650,7 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=float, default=0.1, help="multiplier of objective 1 (1.0 = CAGrad's original)")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (1e-3 as the reference scripts)")
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the methods' random generators (RLW, PCGrad)")
-    p.add_argument("--hp", action="append", metavar="METHOD.NAME=VALUE", help="method hyper-parameter (repeatable)")
+    p.add_argument("--hp", action="append", metavar="[METHOD.]NAME=VALUE", help="method hyper-parameter (repeatable)")
     p.add_argument("--jobs", type=int, default=1, help="methods run in parallel worker processes (1 thread each)")
     p.add_argument("--out", required=True, help="output directory (toy.json, toy.md, toy.png)")
     p.add_argument("--no-progress", action="store_true", help="no per-method progress lines")
@@ -675,7 +683,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "autojac, autogram, representation); empty string for none")
     p.add_argument("--grad-wrt", help="parameters (default) and/or representation: also time every Gramian "
                    "method in representation mode")
-    p.add_argument("--hp", action="append", metavar="METHOD.NAME=VALUE",
+    p.add_argument("--hp", action="append", metavar="[METHOD.]NAME=VALUE",
                    help="method hyper-parameter (repeatable), e.g. nashmtl.update_weights_every=10")
     p.add_argument("--out", required=True, help="output directory (bench.json, bench.md)")
     p.add_argument("--no-progress", action="store_true")
@@ -703,6 +711,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--preference", required=True, help="comma-separated λ, one per task, e.g. 0.3,0.7")
     q.add_argument("--out", required=True, help="output model file (loads like any run's model.pt)")
     p.set_defaults(func=cmd_palora)
+
+    p = sub.add_parser("config", help="the run configuration: `config schema` prints its JSON schema (the `train` "
+                       "flags, params.yaml's train.options and the pipelines' train_options are its fields)")
+    p.add_argument("what", choices=["schema"], help="schema: the JSON schema of RunConfig")
+    p.set_defaults(func=cmd_config)
 
     p = sub.add_parser("stage", help="run one DVC stage of dvc.yaml (reads params.yaml)")
     p.add_argument("stage", choices=["prepare", "train", "reference", "evaluate", "aggregate", "experiment"])
@@ -737,14 +750,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="prepared data directory (from `mtlflow prepare`)")
     data_options(p)
     p.add_argument("--method", default="fairgrad", help="base method of every COST row (default fairgrad, the paper's)")
-    p.add_argument("--hp", action="append", metavar="KEY=VALUE", help="base method hyper-parameter (repeatable)")
+    p.add_argument("--hp", action="append", metavar="[METHOD.]NAME=VALUE",
+                   help="base method hyper-parameter (repeatable)")
     p.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
-    p.add_argument("--epochs", type=int, help="epochs per run (default: the benchmark recipe)")
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--max-steps-per-epoch", type=int)
-    p.add_argument("--select", help="final-metric rule: last (default) or last-k:K")
-    p.add_argument("--device", help="cpu (default) or cuda")
+    add_run_options(p, only=ABLATION_RUN_OPTIONS)
     p.add_argument("--trigger", default="dominated", help="trigger of the component rows (Table 4) and of the "
                    "adapter rows (Table 8): dominated (default, Eq. 3), weak, many-task, released")
     p.add_argument("--teleport-option", action="append", metavar="KEY=VALUE",
@@ -760,7 +769,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", default="moml,moco,forum,ls", help="rows: moml, moco, forum, ls (no cleaning)")
     p.add_argument("--seeds", default="0,1,2", help="seeds (default 0,1,2: the thesis' 3 runs)")
     p.add_argument("--epochs", type=int, help="epochs per run (default: the benchmark recipe, 80)")
-    p.add_argument("--hp", action="append", metavar="[ROW.]KEY=VALUE",
+    p.add_argument("--hp", action="append", metavar="[METHOD.]NAME=VALUE",
                    help="hyper-parameter of every bi-level row, or of one row (moml., moco., forum.); repeatable")
     p.add_argument("--out", required=True, help="output directory (runs/, table.md, table.json)")
     p.add_argument("--no-progress", action="store_true")

@@ -6,7 +6,7 @@
   papers' choice) or ``val_loss`` (sum of the validation task losses).
 * ``step`` -- ``StepLR`` (NYUv2/CityScapes: step_size 100, gamma 0.5).
 
-``TrainConfig.scheduler`` names the schedule and ``TrainConfig.scheduler_options`` its options; the
+``RunConfig.scheduler`` names the schedule and ``RunConfig.scheduler_options`` its options; the
 state is checkpointed so a resumed run continues the schedule exactly.
 """
 
@@ -16,28 +16,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from mtlflow.config.run import validate_scheduler
 from mtlflow.core.errors import InvalidParameterError
-
-SCHEDULERS = ("none", "plateau", "step")
-_PLATEAU_OPTIONS = {"factor", "patience", "min_lr", "monitor", "threshold"}
-_STEP_OPTIONS = {"step_size", "gamma"}
-MONITORS = ("val_delta_m", "val_loss")
-
-
-def validate_scheduler(name: str, options: Mapping[str, Any]) -> None:
-    """Reject unknown schedules and options before anything is built."""
-    if name not in SCHEDULERS:
-        raise InvalidParameterError(f"unknown scheduler {name!r}; valid: {', '.join(SCHEDULERS)}")
-    allowed = {"none": set(), "plateau": _PLATEAU_OPTIONS, "step": _STEP_OPTIONS}[name]
-    unknown = sorted(set(options) - allowed)
-    if unknown:
-        raise InvalidParameterError(f"unknown option(s) {', '.join(unknown)} for scheduler {name!r}; valid: "
-                                    f"{', '.join(sorted(allowed)) or 'none'}")
-    if name == "plateau" and options.get("monitor", "val_loss") not in MONITORS:
-        raise InvalidParameterError(f"scheduler monitor must be one of {', '.join(MONITORS)}, "
-                                    f"got {options.get('monitor')!r}")
-    if name == "step" and not (isinstance(options.get("step_size", 1), int) and options.get("step_size", 1) >= 1):
-        raise InvalidParameterError(f"step scheduler step_size must be a positive integer, got {options['step_size']!r}")
 
 
 class EpochScheduler:

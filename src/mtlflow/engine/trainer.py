@@ -35,14 +35,12 @@ Run directory layout (the contract with ``evaluate``, ``aggregate`` and the pipe
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import platform
 import resource
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -54,15 +52,14 @@ import mtlflow
 from mtlflow import methods as method_registry
 from mtlflow import teleport
 from mtlflow.benchmarks.base import Benchmark, BenchmarkData
+from mtlflow.config.run import RunConfig, autogram_needs_gramian
 from mtlflow.core import atomic
 from mtlflow.core.callbacks import Callback, StepState
 from mtlflow.core.errors import DataError, InvalidParameterError, NonFiniteLossError
 from mtlflow.core.seeding import capture_rng_state, epoch_generator, restore_rng_state, seed_everything
 from mtlflow.engine import distributed
-from mtlflow.engine.schedulers import build_scheduler, validate_scheduler
+from mtlflow.engine.schedulers import build_scheduler
 from mtlflow.grad_engine import (
-    BACKENDS,
-    GRAD_WRT,
     AutogramGramian,
     ForwardPass,
     StepProblem,
@@ -74,136 +71,12 @@ from mtlflow.grad_engine import (
     task_jacobian,
     write_flat_grad,
 )
-from mtlflow.methods.base import GradientMethod, GradInput, GramianWeighting, Method, StepContext
+from mtlflow.methods.base import GradientMethod, GradInput, GramianWeighting, Method, StepContext, needs_full_jacobian
 from mtlflow.metrics.evaluation import evaluate_model
-from mtlflow.metrics.selection import parse_selection, select_final
+from mtlflow.metrics.selection import select_final
 from mtlflow.models import architectures
 
-OPTIMIZERS = ("adam", "adamw", "sgd")
-AMP_MODES = ("none", "bf16")
 EVAL_SPLITS = ("val", "test")
-
-
-@dataclass
-class TrainConfig:
-    """Everything that determines a training run (recorded in ``run.json``)."""
-
-    method: str = "ls"
-    hparams: dict[str, Any] = field(default_factory=dict)
-    epochs: int = 10
-    batch_size: int = 256
-    lr: float = 1e-3
-    optimizer: str = "adam"
-    weight_decay: float = 0.0
-    #: SGD momentum (ignored by Adam/AdamW, whose betas are fixed at PyTorch's defaults)
-    momentum: float = 0.9
-    method_lr: float = 0.025
-    clip_grad_norm: float | None = None
-    rescale: bool = True
-    seed: int = 0
-    tasks: list[str] | None = None
-    select: str = "last"
-    eval_batch_size: int = 512
-    max_steps_per_epoch: int | None = None
-    device: str = "cpu"
-    #: per-task gradient backend (``mtlflow.grad_engine.BACKENDS``); ``auto`` = ``loop``
-    grad_backend: str = "auto"
-    #: per-task gradients w.r.t. the shared ``parameters`` or the shared ``representation`` (MGDA-UB's bound)
-    grad_wrt: str = "parameters"
-    #: DataLoader worker processes; pinned host memory (``None``: pinned when training on a GPU)
-    num_workers: int = 0
-    pin_memory: bool | None = None
-    #: ``bf16``: forward pass and losses under ``torch.autocast`` in bfloat16 (GPU or CPU)
-    amp: str = "none"
-    #: deterministic algorithms (``torch.use_deterministic_algorithms``, no cudnn benchmarking)
-    deterministic: bool = True
-    #: per-epoch learning-rate schedule of the recipe (:mod:`mtlflow.engine.schedulers`): none, plateau, step
-    scheduler: str = "none"
-    scheduler_options: dict[str, Any] = field(default_factory=dict)
-    #: teleportation wrapper around the method (``cost``: COST, :mod:`mtlflow.teleport`) and its options
-    teleport: str | None = None
-    teleport_options: dict[str, Any] = field(default_factory=dict)
-    #: model architecture wrapping the benchmark's model (:mod:`mtlflow.models.architectures`): ``hps`` (its
-    #: own trunk + heads) or ``normal`` (NORMAL's neural ODE with task positions), and its options
-    architecture: str = "hps"
-    architecture_options: dict[str, Any] = field(default_factory=dict)
-
-    def resolved_device(self) -> torch.device:
-        """``auto`` means the GPU when one is visible, else the CPU."""
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
-
-    def validate(self) -> None:
-        def bad(msg: str) -> None:
-            raise InvalidParameterError(msg)
-
-        if not isinstance(self.epochs, int) or self.epochs < 1:
-            bad(f"epochs must be a positive integer, got {self.epochs!r}")
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            bad(f"batch_size must be a positive integer, got {self.batch_size!r}")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            bad(f"lr must be a positive finite number, got {self.lr!r}")
-        if self.optimizer not in OPTIMIZERS:
-            bad(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
-        if self.weight_decay < 0 or not math.isfinite(self.weight_decay):
-            bad(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
-            bad(f"momentum must be in [0, 1), got {self.momentum!r}")
-        if self.method_lr <= 0:
-            bad(f"method_lr must be > 0, got {self.method_lr!r}")
-        if self.clip_grad_norm is not None and not (self.clip_grad_norm > 0):
-            bad(f"clip_grad_norm must be > 0 when set, got {self.clip_grad_norm!r}")
-        if self.max_steps_per_epoch is not None and self.max_steps_per_epoch < 1:
-            bad(f"max_steps_per_epoch must be >= 1 when set, got {self.max_steps_per_epoch!r}")
-        if self.grad_backend not in BACKENDS:
-            bad(f"unknown gradient backend {self.grad_backend!r}; valid gradient backends: {', '.join(BACKENDS)}")
-        if not isinstance(self.num_workers, int) or self.num_workers < 0:
-            bad(f"num_workers must be an integer >= 0, got {self.num_workers!r}")
-        if self.amp not in AMP_MODES:
-            bad(f"amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}")
-        validate_scheduler(self.scheduler, self.scheduler_options)
-        teleport.validate(self.teleport, self.teleport_options)
-        architectures.resolve(self.architecture, self.architecture_options)
-        architectures.check_gradient_backend(self.architecture, self.architecture_options, self.grad_backend)
-        if self.grad_wrt not in GRAD_WRT:
-            bad(f"grad_wrt must be one of {', '.join(GRAD_WRT)}, got {self.grad_wrt!r}")
-        method = method_registry.get(self.method)
-        if self.teleport and method.custom_step:
-            bad(f"--teleport {self.teleport} wraps methods that use the trainer's step; {self.method!r} owns its "
-                "training step (custom_step); drop --teleport")
-        if self.grad_backend == "autogram" and needs_full_jacobian(method, self.grad_wrt):
-            bad(_AUTOGRAM_NEEDS_GRAMIAN.format(method=self.method))
-        if self.grad_wrt == "representation" and needs_full_jacobian(method):
-            bad(f"grad_wrt 'representation' applies to Gramian-weighting methods (their weights carry over to the "
-                f"parameters); {self.method!r} combines full gradients; use grad_wrt=parameters")
-        _, window = parse_selection(self.select)
-        if window > self.epochs:
-            bad(f"selection rule {self.select!r} averages {window} epochs but the run has only {self.epochs}")
-        try:
-            device = self.resolved_device()
-        except RuntimeError:
-            bad(f"device {self.device!r} is not valid; use auto, cpu or cuda[:N]")
-        if device.type == "cuda" and not torch.cuda.is_available():
-            bad(f"device {self.device!r} requested but no CUDA GPU is visible; use --device auto or cpu")
-
-    def fingerprint(self) -> str:
-        """Hash of everything but ``epochs`` and ``device``: a resumed run must match it."""
-        data = dataclasses.asdict(self)
-        data.pop("epochs")
-        data.pop("device")
-        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-_AUTOGRAM_NEEDS_GRAMIAN = ("grad_backend 'autogram' computes only the Gramian but method {method!r} needs the full "
-                           "Jacobian; use one of auto, loop, batched, func, autojac")
-
-
-def needs_full_jacobian(method: type[Method], grad_wrt: str = "parameters") -> bool:
-    """True when ``method`` combines the full Jacobian w.r.t. the shared parameters (not just its Gramian)."""
-    return (issubclass(method, GradientMethod) and not issubclass(method, GramianWeighting)
-            and not method.custom_step and method.requires is not GradInput.REPRESENTATION
-            and grad_wrt == "parameters")
 
 
 def _reset_peak_memory(device: torch.device) -> None:
@@ -264,7 +137,7 @@ class _StepWork:
 class Trainer:
     """Train one method on one prepared benchmark into one run directory."""
 
-    def __init__(self, bench: Benchmark, data: BenchmarkData, config: TrainConfig, out_dir: str | Path,
+    def __init__(self, bench: Benchmark, data: BenchmarkData, config: RunConfig, out_dir: str | Path,
                  progress: bool = True, callbacks: Sequence[Callback] = ()):
         config.validate()
         self.bench, self.data, self.config = bench, data, config
@@ -323,12 +196,12 @@ class Trainer:
         if not isinstance(method, GradientMethod):
             return "losses", None
         if method.requires is GradInput.REPRESENTATION or cfg.grad_wrt == "representation":
-            if needs_full_jacobian(type(method)):  # TrainConfig.validate rejects this combination too
+            if needs_full_jacobian(type(method)):  # RunConfig.validate rejects this combination too
                 raise InvalidParameterError(f"grad_wrt 'representation' does not apply to {method.name!r}")
             mode = "representation"
         elif backend == "autogram":
             if needs_full_jacobian(type(method)):
-                raise InvalidParameterError(_AUTOGRAM_NEEDS_GRAMIAN.format(method=method.name))
+                raise InvalidParameterError(autogram_needs_gramian(method.name))
             if not isinstance(getattr(self.model, "trunk", None), torch.nn.Module):
                 raise InvalidParameterError("grad_backend 'autogram' needs a model with a `trunk` module; use loop")
             mode = "gramian"

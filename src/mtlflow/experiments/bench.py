@@ -155,10 +155,11 @@ def _trainer(bench: Benchmark, data: BenchmarkData, method: str, device: str, gr
              batch_size: int = 32, seed: int = 0, grad_backend: str = "auto",
              hparams: Mapping[str, Any] | None = None, teleport_options: Mapping[str, Any] | None = None):
     """A real trainer for timing its steps (no run directory is written); ``teleport_options`` adds COST."""
-    from mtlflow.engine.trainer import TrainConfig, Trainer
+    from mtlflow.config.run import RunConfig
+    from mtlflow.engine.trainer import Trainer
 
     extra = {} if teleport_options is None else {"teleport": "cost", "teleport_options": dict(teleport_options)}
-    config = TrainConfig(method=method, batch_size=batch_size, device=device, seed=seed, grad_wrt=grad_wrt,
+    config = RunConfig(method=method, batch_size=batch_size, device=device, seed=seed, grad_wrt=grad_wrt,
                          grad_backend=grad_backend, hparams=resolved_hparams(bench, method, hparams), **extra)
     return Trainer(bench, data, config, out_dir=Path("/nonexistent-bench-run"), progress=False)
 

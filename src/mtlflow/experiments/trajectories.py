@@ -157,7 +157,7 @@ def run_method(name: str, steps: int = DEFAULT_STEPS, scale: float = 0.1, lr: fl
                starts: Sequence[tuple[float, float]] = START_POINTS) -> ToyResult:
     """Optimise the toy problem with method ``name`` from every start point at once."""
     from mtlflow.benchmarks.toy import Toy
-    from mtlflow.engine.trainer import TrainConfig
+    from mtlflow.config.run import RunConfig
 
     cls = method_registry.get(name)
     result = ToyResult(name, cls.family, "ok")
@@ -170,7 +170,7 @@ def run_method(name: str, steps: int = DEFAULT_STEPS, scale: float = 0.1, lr: fl
     model = MultiTaskModel(_BatchedPoints(torch.tensor(starts, dtype=torch.float64)),
                            [_Objective(0, scale), _Objective(1, scale)], ["f1", "f2"])
     x = model.trunk.x
-    view = SimpleNamespace(model=model, config=TrainConfig(method=name, hparams=hp, seed=seed, lr=lr),
+    view = SimpleNamespace(model=model, config=RunConfig(method=name, hparams=hp, seed=seed, lr=lr),
                            shared=[x], task_params=[[], []], tasks=["f1", "f2"])
     try:
         for m in instances:

@@ -52,9 +52,9 @@ __all__ = ["BACKENDS", "GRAMIAN_BACKENDS", "JACOBIAN_BACKENDS", "GRAD_WRT", "Aut
 
 #: Backends computing only the Gramian (no Jacobian), for Gramian-weighting methods.
 GRAMIAN_BACKENDS: tuple[str, ...] = ("autogram",)
-#: Every value ``TrainConfig.grad_backend`` accepts.
+#: Every value ``RunConfig.grad_backend`` accepts.
 BACKENDS: tuple[str, ...] = ("auto", *JACOBIAN_BACKENDS, *GRAMIAN_BACKENDS)
-#: What per-task gradients are taken with respect to (``TrainConfig.grad_wrt``).
+#: What per-task gradients are taken with respect to (``RunConfig.grad_wrt``).
 GRAD_WRT: tuple[str, ...] = ("parameters", "representation")
 
 

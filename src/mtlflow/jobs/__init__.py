@@ -12,11 +12,12 @@ from typing import Any, Mapping, Sequence
 
 from mtlflow import benchmarks, methods
 from mtlflow.benchmarks.base import read_manifest
+from mtlflow.config.run import RunConfig, field_names
 from mtlflow.core import atomic
 from mtlflow.core.callbacks import Callback
 from mtlflow.core.errors import DataError, InvalidParameterError
 from mtlflow.engine.rundir import check_run_consistent, read_run, run_label
-from mtlflow.engine.trainer import TrainConfig, Trainer, load_model
+from mtlflow.engine.trainer import Trainer, load_model
 
 
 def prepare(benchmark: str, out_dir: str | Path, overwrite: bool = False, **config: Any) -> dict[str, Any]:
@@ -52,19 +53,14 @@ def resolved_hparams(bench, method: str, hparams: Mapping[str, Any] | None) -> d
     return {**defaults, **dict(hparams or {})}
 
 
-def train_config(bench_defaults: Mapping[str, Any], **overrides: Any) -> TrainConfig:
-    """A :class:`TrainConfig` from the benchmark's recipe, overridden by non-None ``overrides``."""
-    fields = set(TrainConfig.__dataclass_fields__)
-    unknown = sorted(set(overrides) - fields)
-    if unknown:
-        raise InvalidParameterError(f"unknown training option(s): {', '.join(unknown)}")
-    values = {k: v for k, v in bench_defaults.items() if k in fields}
+def train_config(bench_defaults: Mapping[str, Any], **overrides: Any) -> RunConfig:
+    """A validated :class:`RunConfig` from the benchmark's recipe, overridden by non-None ``overrides``."""
+    names = set(field_names())
+    values = {k: v for k, v in bench_defaults.items() if k in names}
     # a method's own recipe on this benchmark (e.g. LDC-MTL's Table 5 step sizes), still below the user's
     values.update(bench_defaults.get("per_method", {}).get(overrides.get("method"), {}))
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    config = TrainConfig(**values)
-    config.validate()
-    return config
+    values.update({k: v for k, v in overrides.items() if v is not None or k not in names})
+    return RunConfig.from_mapping(values)
 
 
 def train(data_dir: str | Path, out_dir: str | Path, method: str = "ls", seed: int = 0,

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import torch
 
 from mtlflow.benchmarks.base import Benchmark
-from mtlflow.engine.trainer import TrainConfig
+from mtlflow.config.run import RunConfig
 
 
 def count_parameters(module: torch.nn.Module) -> int:
@@ -48,7 +48,7 @@ def activation_bytes(bench: Benchmark, model: torch.nn.Module, data_dir: Path, b
     return sum(seen.values())
 
 
-def describe_run(bench: Benchmark, config: TrainConfig, hparams: Mapping[str, Any],
+def describe_run(bench: Benchmark, config: RunConfig, hparams: Mapping[str, Any],
                  data_dir: Path | None = None) -> dict[str, Any]:
     """Everything ``--dry-run`` prints, as a dict."""
     from mtlflow import methods

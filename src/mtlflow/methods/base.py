@@ -81,7 +81,7 @@ class Method:
     #: The scale convention, one rule for every method: the update is on the scale of Σ_i L_i (linear
     #: scalarisation). A method whose loss weights or gradient weights sum to 1 (a convex combination:
     #: RLW, FAMO, MGDA, IMTL-G, UPGrad, ...) declares "mean" and the trainer multiplies its update by
-    #: K (``TrainConfig.rescale``, on by default); "sum" methods are used as they are.
+    #: K (``RunConfig.rescale``, on by default); "sum" methods are used as they are.
     natural_scale: ClassVar[str] = "sum"
     #: The convention of the code the method is checked against (its official code, or LibMTL/TorchJD
     #: when the method's results were produced with those), used instead of ``natural_scale`` with
@@ -205,3 +205,10 @@ class GramianWeighting(GradientMethod):
         self.last_weights = w.detach()
         accumulate = torch.promote_types(grads.dtype, torch.float32)
         return (w.to(device=grads.device, dtype=accumulate) @ grads.to(accumulate)).to(grads.dtype)
+
+
+def needs_full_jacobian(method: type[Method], grad_wrt: str = "parameters") -> bool:
+    """True when ``method`` combines the full Jacobian w.r.t. the shared parameters (not just its Gramian)."""
+    return (issubclass(method, GradientMethod) and not issubclass(method, GramianWeighting)
+            and not method.custom_step and method.requires is not GradInput.REPRESENTATION
+            and grad_wrt == "parameters")

@@ -1,4 +1,4 @@
-"""Model architectures that wrap any benchmark's model, selected with ``TrainConfig.architecture``.
+"""Model architectures that wrap any benchmark's model, selected with ``RunConfig.architecture``.
 
 * ``hps`` (default) -- hard parameter sharing: the benchmark's own shared trunk and task heads.
 * ``normal`` -- NORMAL (Ye, PhD thesis UTS 2024, ch. 5): a shared heavy-ball neural ODE between the
@@ -72,7 +72,7 @@ def check_gradient_backend(name: str, options: dict[str, Any] | None, grad_backe
                                     "loop (default), batched, func or autojac")
     if grad_backend in ("batched", "func", "autojac") and resolve(name, options)["gradient"] == "adjoint":
         raise InvalidParameterError(f"grad_backend {grad_backend!r} (vmap) cannot run through NORMAL's adjoint "
-                                    "solver; use --grad-backend loop (default) or --arch-option gradient=direct")
+                                    "solver; use --grad-backend loop (default) or --architecture-option gradient=direct")
 
 
 def feature_shape(bench: Benchmark, model: MultiTaskModel, dataset: Dataset) -> list[int]:

@@ -68,7 +68,7 @@ def _positions_ok(v: Any) -> bool:
                                 for x in values)
 
 
-#: The architecture options of NORMAL (``--arch-option KEY=VALUE``), validated like method hyper-parameters.
+#: The architecture options of NORMAL (``--architecture-option KEY=VALUE``), validated like method hyper-parameters.
 OPTIONS: dict[str, HParam] = {
     "step_size": HParam(0.1, "fixed step of the ODE solver (not stated in the thesis)", positive, "> 0"),
     "solver": HParam("euler", "torchdiffeq fixed-grid solver: euler (the thesis), midpoint or rk4",

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from mtlflow.config.run import train_arguments
 from mtlflow.core.errors import InvalidParameterError, MtlflowError
 
 KINDS = ("TrainJob", "PyTorchJob")
@@ -34,12 +35,6 @@ GPU = "nvidia.com/gpu"
 #: node selector and toleration of GPU nodes (NVIDIA GPU feature discovery / GPU operator defaults)
 GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
 GPU_TOLERATIONS = ({"key": GPU, "operator": "Exists", "effect": "NoSchedule"},)
-#: training options of the pipelines and the ``mtlflow train`` flags they map to
-TRAIN_FLAGS = {"batch_size": "--batch-size", "lr": "--lr", "optimizer": "--optimizer",
-               "weight_decay": "--weight-decay", "clip_grad_norm": "--clip-grad-norm", "select": "--select",
-               "max_steps_per_epoch": "--max-steps-per-epoch", "device": "--device",
-               "grad_backend": "--grad-backend", "grad_wrt": "--grad-wrt"}
-
 
 class JobFailedError(MtlflowError):
     """A distributed training job failed or did not finish in time."""
@@ -91,21 +86,10 @@ def train_command(data_dir: str, run_dir: str, run_spec: str, epochs: int,
                   train_options: Mapping[str, Any]) -> list[str]:
     """``torchrun -m mtlflow train ...`` for one run spec; always ``--resume`` so a restarted job continues."""
     spec = json.loads(run_spec)
-    unknown = sorted(set(train_options) - set(TRAIN_FLAGS))
-    if unknown:
-        raise InvalidParameterError(f"training option(s) {', '.join(unknown)} cannot be passed to a distributed "
-                                    f"job; supported: {', '.join(TRAIN_FLAGS)}")
-    command = ["torchrun", "-m", "mtlflow", "train", "--data", data_dir, "--out", run_dir,
-               "--method", spec["method"], "--seed", str(int(spec["seed"])), "--epochs", str(int(epochs)),
-               "--resume", "--no-progress"]
-    for key, value in sorted((spec.get("hparams") or {}).items()):
-        command += ["--hp", f"{key}={json.dumps(value) if isinstance(value, (list, dict)) else value}"]
-    if spec.get("tasks"):
-        command += ["--tasks", ",".join(spec["tasks"])]
-    for key, value in sorted(train_options.items()):
-        if value is not None:
-            command += [TRAIN_FLAGS[key], str(value)]
-    return command
+    command = ["torchrun", "-m", "mtlflow", "train", "--data", data_dir, "--out", run_dir, "--resume", "--no-progress"]
+    return command + train_arguments({"method": spec["method"], "seed": int(spec["seed"]), "epochs": int(epochs),
+                                      "hparams": spec.get("hparams") or None, "tasks": spec.get("tasks") or None,
+                                      **train_options})
 
 
 def _resources(job: DistributedTraining) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.teleport.options import CostOptions
 
-#: the teleportation wrappers (``TrainConfig.teleport``)
+#: the teleportation wrappers (``RunConfig.teleport``)
 TELEPORTS = ("cost",)
 
 

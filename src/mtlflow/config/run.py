@@ -1,0 +1,318 @@
+"""The configuration of one training run: every option's one name, type, default, help and validation.
+
+:class:`RunConfig` is the single model behind every entry point: the ``mtlflow train`` flags are generated
+from its fields (``--batch-size`` is ``batch_size``), ``params.yaml``'s ``train.options`` and the pipelines'
+``train_options`` are mappings of its field names (:meth:`RunConfig.from_mapping`), the Python API takes
+it (or ``jobs.train(**fields)``), and ``run.json`` stores it whole under ``config``. ``mtlflow config
+schema`` prints its JSON schema (:func:`json_schema`).
+
+Method hyper-parameters (``hparams``) are validated by the method itself (:class:`mtlflow.core.hparams.HParam`);
+on the command line they are ``--hp [METHOD.]NAME=VALUE`` everywhere (:func:`parse_hparams`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from mtlflow import methods as method_registry
+from mtlflow import teleport
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.grad_engine import BACKENDS, GRAD_WRT
+from mtlflow.methods.base import needs_full_jacobian
+from mtlflow.metrics.selection import parse_selection
+from mtlflow.models import architectures
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+AMP_MODES = ("none", "bf16")
+SCHEDULERS = ("none", "plateau", "step")
+#: what a ``plateau`` schedule may monitor (see :mod:`mtlflow.engine.schedulers`)
+MONITORS = ("val_delta_m", "val_loss")
+_SCHEDULER_OPTIONS = {"none": set(), "plateau": {"factor", "patience", "min_lr", "monitor", "threshold"},
+                      "step": {"step_size", "gamma"}}
+_AUTOGRAM_NEEDS_GRAMIAN = ("grad_backend 'autogram' computes only the Gramian but method {method!r} needs the full "
+                           "Jacobian; use one of auto, loop, batched, func, autojac")
+
+
+def option(default: Any = None, help: str = "", *, factory: Any = None, flag: str | None = None) -> Any:
+    """A :class:`RunConfig` field with its help text (and its command-line flag when it is not
+    ``--<name-with-dashes>``)."""
+    metadata = {"help": help, "flag": flag}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def validate_scheduler(name: str, options: Mapping[str, Any]) -> None:
+    """Reject unknown schedules and options before anything is built."""
+    if name not in SCHEDULERS:
+        raise InvalidParameterError(f"unknown scheduler {name!r}; valid: {', '.join(SCHEDULERS)}")
+    allowed = _SCHEDULER_OPTIONS[name]
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise InvalidParameterError(f"unknown option(s) {', '.join(unknown)} for scheduler {name!r}; valid: "
+                                    f"{', '.join(sorted(allowed)) or 'none'}")
+    if name == "plateau" and options.get("monitor", "val_loss") not in MONITORS:
+        raise InvalidParameterError(f"scheduler monitor must be one of {', '.join(MONITORS)}, "
+                                    f"got {options.get('monitor')!r}")
+    if name == "step" and not (isinstance(options.get("step_size", 1), int) and options.get("step_size", 1) >= 1):
+        raise InvalidParameterError(f"step scheduler step_size must be a positive integer, got {options['step_size']!r}")
+
+
+@dataclass
+class RunConfig:
+    """Everything that determines a training run (stored whole in ``run.json``).
+
+    Build it with :meth:`from_mapping` (validated) or construct it and call :meth:`validate`; the
+    trainer validates the config it is given."""
+
+    method: str = option("ls", "the MTL method (see `mtlflow methods`)")
+    hparams: dict[str, Any] = option(help="the method's hyper-parameters (see `mtlflow methods`)", factory=dict,
+                                     flag="--hp")
+    epochs: int = option(10, "training epochs")
+    batch_size: int = option(256, "training batch size (per process under torchrun)")
+    lr: float = option(1e-3, "learning rate of the model's parameters")
+    optimizer: str = option("adam", f"optimizer: {', '.join(OPTIMIZERS)}")
+    weight_decay: float = option(0.0, "weight decay of the model's parameters")
+    momentum: float = option(0.9, "SGD momentum (Adam/AdamW use PyTorch's default betas and ignore it)")
+    method_lr: float = option(0.025, "learning rate of the method's own parameters (UW, IMTL, GradNorm, ...)")
+    clip_grad_norm: float | None = option(None, "clip the global gradient norm after the backward pass")
+    rescale: bool = option(True, "scale convex-combination updates x K, onto the scale of the summed losses "
+                                 "(Method.natural_scale)")
+    seed: int = option(0, "seed of every random generator of the run (0 <= seed < 2**32)")
+    tasks: list[str] | None = option(None, "subset of the benchmark's tasks, comma-separated on the command line "
+                                           "(one task = a single-task reference run)")
+    select: str = option("last", "final-metric rule: last, or last-k:K (mean of the last K epochs)")
+    eval_batch_size: int = option(512, "batch size of the evaluation passes")
+    max_steps_per_epoch: int | None = option(None, "cap on the optimizer steps of an epoch")
+    device: str = option("cpu", "cpu, cuda[:N] or auto (the GPU when one is visible)")
+    grad_backend: str = option("auto", f"per-task gradient backend: {', '.join(BACKENDS)} (auto = loop; autogram "
+                                       "computes only the Gramian)")
+    grad_wrt: str = option("parameters", "per-task gradients w.r.t. the shared 'parameters' or the shared "
+                                         "'representation' (MGDA-UB's bound)")
+    num_workers: int = option(0, "DataLoader worker processes")
+    pin_memory: bool | None = option(None, "pinned host memory for the DataLoader (default: when training on a GPU)")
+    amp: str = option("none", "bf16: forward pass and losses under torch.autocast in bfloat16")
+    deterministic: bool = option(True, "deterministic algorithms (torch.use_deterministic_algorithms, no cudnn "
+                                       "benchmarking)")
+    scheduler: str = option("none", f"per-epoch learning-rate schedule: {', '.join(SCHEDULERS)}")
+    scheduler_options: dict[str, Any] = option(help="options of the schedule (plateau: factor, patience, min_lr, "
+                                                    "monitor, threshold; step: step_size, gamma)", factory=dict)
+    teleport: str | None = option(None, "teleportation wrapper around the method: cost (COST, symmetry "
+                                        "teleportation of the shared trunk)")
+    teleport_options: dict[str, Any] = option(help="COST options, e.g. trigger=weak, max_per_epoch=2, adapter=loha",
+                                              factory=dict)
+    architecture: str = option("hps", "model architecture around the benchmark's model: hps (its own trunk and "
+                                      "heads) or normal (NORMAL's neural ODE with task positions)")
+    architecture_options: dict[str, Any] = option(help="architecture options, e.g. step_size=0.05", factory=dict)
+
+    # -- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], where: str = "training options") -> RunConfig:
+        """A validated config from a mapping of field names (params.yaml, pipeline parameters, JSON).
+
+        Unknown names are rejected with the list of valid ones; integral values of float options are
+        converted (YAML and protobuf structs do not keep the difference)."""
+        unknown = sorted(set(values) - set(field_names()))
+        if unknown:
+            raise InvalidParameterError(f"unknown {where}: {', '.join(unknown)}; valid: {', '.join(field_names())}")
+        hints = typing.get_type_hints(cls)
+        converted = {}
+        for name, value in values.items():
+            if float in typing.get_args(hints[name]) + (hints[name],) and isinstance(value, int) \
+                    and not isinstance(value, bool):
+                value = float(value)
+            converted[name] = value
+        config = cls(**converted)
+        config.validate()
+        return config
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def resolved_device(self) -> torch.device:
+        """``auto`` means the GPU when one is visible, else the CPU."""
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def fingerprint(self) -> str:
+        """Hash of everything but ``epochs`` and ``device``: a resumed run must match it."""
+        data = dataclasses.asdict(self)
+        data.pop("epochs")
+        data.pop("device")
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    # -- validation -----------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Every option's check, in one place; raises :class:`InvalidParameterError` naming the option."""
+        def bad(msg: str) -> None:
+            raise InvalidParameterError(msg)
+
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not _has_type(value, hints[f.name]):
+                bad(f"{f.name} must be {_describe_type(hints[f.name])}, got {value!r}")
+        if self.epochs < 1:
+            bad(f"epochs must be a positive integer, got {self.epochs!r}")
+        if self.batch_size < 1:
+            bad(f"batch_size must be a positive integer, got {self.batch_size!r}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            bad(f"lr must be a positive finite number, got {self.lr!r}")
+        if self.optimizer not in OPTIMIZERS:
+            bad(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.weight_decay < 0 or not math.isfinite(self.weight_decay):
+            bad(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if not 0 <= self.momentum < 1:
+            bad(f"momentum must be in [0, 1), got {self.momentum!r}")
+        if not self.method_lr > 0:
+            bad(f"method_lr must be > 0, got {self.method_lr!r}")
+        if self.clip_grad_norm is not None and not (self.clip_grad_norm > 0):
+            bad(f"clip_grad_norm must be > 0 when set, got {self.clip_grad_norm!r}")
+        if self.eval_batch_size < 1:
+            bad(f"eval_batch_size must be a positive integer, got {self.eval_batch_size!r}")
+        if self.max_steps_per_epoch is not None and self.max_steps_per_epoch < 1:
+            bad(f"max_steps_per_epoch must be >= 1 when set, got {self.max_steps_per_epoch!r}")
+        if self.grad_backend not in BACKENDS:
+            bad(f"unknown gradient backend {self.grad_backend!r}; valid gradient backends: {', '.join(BACKENDS)}")
+        if self.num_workers < 0:
+            bad(f"num_workers must be an integer >= 0, got {self.num_workers!r}")
+        if self.amp not in AMP_MODES:
+            bad(f"amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}")
+        validate_scheduler(self.scheduler, self.scheduler_options)
+        teleport.validate(self.teleport, self.teleport_options)
+        architectures.resolve(self.architecture, self.architecture_options)
+        architectures.check_gradient_backend(self.architecture, self.architecture_options, self.grad_backend)
+        if self.grad_wrt not in GRAD_WRT:
+            bad(f"grad_wrt must be one of {', '.join(GRAD_WRT)}, got {self.grad_wrt!r}")
+        method = method_registry.get(self.method)
+        if self.teleport and method.custom_step:
+            bad(f"--teleport {self.teleport} wraps methods that use the trainer's step; {self.method!r} owns its "
+                "training step (custom_step); drop --teleport")
+        if self.grad_backend == "autogram" and needs_full_jacobian(method, self.grad_wrt):
+            bad(autogram_needs_gramian(self.method))
+        if self.grad_wrt == "representation" and needs_full_jacobian(method):
+            bad(f"grad_wrt 'representation' applies to Gramian-weighting methods (their weights carry over to the "
+                f"parameters); {self.method!r} combines full gradients; use grad_wrt=parameters")
+        _, window = parse_selection(self.select)
+        if window > self.epochs:
+            bad(f"selection rule {self.select!r} averages {window} epochs but the run has only {self.epochs}")
+        try:
+            device = self.resolved_device()
+        except RuntimeError:
+            bad(f"device {self.device!r} is not valid; use auto, cpu or cuda[:N]")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            bad(f"device {self.device!r} requested but no CUDA GPU is visible; use --device auto or cpu")
+
+
+def autogram_needs_gramian(method: str) -> str:
+    return _AUTOGRAM_NEEDS_GRAMIAN.format(method=method)
+
+
+def field_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(RunConfig)]
+
+
+def _has_type(value: Any, hint: Any) -> bool:
+    if hint is Any:
+        return True
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_has_type(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin is dict:
+        return isinstance(value, dict) and all(isinstance(k, str) for k in value)
+    if origin is list:
+        return isinstance(value, list) and all(_has_type(v, args[0]) for v in value)
+    return isinstance(value, hint)
+
+
+def _describe_type(hint: Any) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is dict:
+        return "a mapping of names to values"
+    if typing.get_origin(hint) is list:
+        return "a list of strings"
+    if args:
+        return " or ".join(_describe_type(a) for a in args)
+    return names.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON schema of :class:`RunConfig` (types and defaults from pydantic, help texts as descriptions)."""
+    from pydantic import TypeAdapter
+
+    schema = TypeAdapter(RunConfig).json_schema()
+    for f in dataclasses.fields(RunConfig):
+        schema["properties"][f.name]["description"] = f.metadata["help"]
+    schema["description"] = "mtlflow RunConfig: the configuration of one training run (run.json's `config`)."
+    schema["additionalProperties"] = False
+    return schema
+
+
+def parse_hparams(assignments: Mapping[str, Any], methods: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``--hp [METHOD.]NAME=VALUE``, the one grammar of every command: ``{"famo.gamma": 0, "alpha": 1}`` ->
+    ``{"famo": {"gamma": 0}, ...}``. A name without ``METHOD.`` applies to every method in ``methods``;
+    a ``METHOD.`` prefix must name one of them."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in assignments.items():
+        method, dot, name = key.rpartition(".")
+        if dot and not (method and name):
+            raise InvalidParameterError(f"--hp {key}=... must look like [METHOD.]NAME=VALUE, e.g. famo.gamma=0")
+        if dot and method not in methods:
+            raise InvalidParameterError(f"--hp {key}=... names method {method!r}, which this command does not run "
+                                        f"(it runs: {', '.join(methods)})")
+        for target in [method] if dot else methods:
+            out.setdefault(target, {})[name] = value
+    return out
+
+
+def cli_flag(name: str) -> str:
+    """The ``mtlflow train`` flag of a :class:`RunConfig` field: ``--batch-size`` for ``batch_size``; a
+    mapping field is the repeatable ``--<name>-option KEY=VALUE`` (``--hp`` for ``hparams``)."""
+    f = {f.name: f for f in dataclasses.fields(RunConfig)}[name]
+    if f.metadata["flag"]:
+        return f.metadata["flag"]
+    flag = "--" + name.replace("_", "-")
+    return flag.removesuffix("s") if typing.get_origin(typing.get_type_hints(RunConfig)[name]) is dict else flag
+
+
+def train_arguments(options: Mapping[str, Any]) -> list[str]:
+    """The ``mtlflow train`` arguments that set these :class:`RunConfig` fields (what the command line
+    parses back into the same values); ``None`` values are left out."""
+    unknown = sorted(set(options) - set(field_names()))
+    if unknown:
+        raise InvalidParameterError(f"unknown training option(s) {', '.join(unknown)}; valid: "
+                                    f"{', '.join(field_names())}")
+    arguments: list[str] = []
+    for name, value in sorted(options.items()):
+        flag = cli_flag(name)
+        if value is None:
+            continue
+        if isinstance(value, dict):
+            for key, item in sorted(value.items()):
+                arguments += [flag, f"{key}={json.dumps(item) if isinstance(item, (list, dict)) else item}"]
+        elif isinstance(value, bool):
+            arguments.append(flag if value else "--no-" + flag.removeprefix("--"))
+        elif isinstance(value, (list, tuple)):
+            arguments += [flag, ",".join(map(str, value))]
+        else:
+            arguments += [flag, str(value)]
+    return arguments

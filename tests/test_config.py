@@ -1,0 +1,98 @@
+"""One configuration model: RunConfig's fields are the `train` flags, the params.yaml / pipeline option
+names and run.json's `config`, with one validation and a generated JSON schema."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import jsonschema
+import pytest
+
+from mtlflow.cli import build_parser, run_options
+from mtlflow.config.run import RunConfig, cli_flag, field_names, json_schema, parse_hparams, train_arguments
+from mtlflow.core.errors import InvalidParameterError
+
+#: a value other than the default for every field, of every kind the model has
+NON_DEFAULT = {"method": "fairgrad", "hparams": {"alpha": 2.0}, "epochs": 3, "batch_size": 64, "lr": 0.01,
+               "optimizer": "sgd", "weight_decay": 0.0001, "momentum": 0.5, "method_lr": 0.1, "clip_grad_norm": 1.0,
+               "rescale": False, "seed": 7, "tasks": ["left"], "select": "last-k:2", "eval_batch_size": 128,
+               "max_steps_per_epoch": 5, "device": "cpu", "grad_backend": "batched", "grad_wrt": "parameters",
+               "num_workers": 1, "pin_memory": True, "amp": "bf16", "deterministic": False, "scheduler": "step",
+               "scheduler_options": {"step_size": 2, "gamma": 0.5}, "teleport": "cost",
+               "teleport_options": {"trigger": "weak"}, "architecture": "hps", "architecture_options": {}}
+
+
+def test_non_default_example_covers_every_field_with_another_value():
+    assert set(NON_DEFAULT) == set(field_names())
+    defaults = RunConfig().to_dict()
+    assert [k for k in field_names() if NON_DEFAULT[k] == defaults[k]] == ["device", "grad_wrt", "architecture",
+                                                                           "architecture_options"]
+
+
+def test_command_line_parses_back_every_field():
+    """`train_arguments` (used to launch distributed jobs) and the generated `train` flags are inverses."""
+    options = {k: v for k, v in NON_DEFAULT.items() if v != {}}
+    args = build_parser().parse_args(["train", "--benchmark", "multimnist", *train_arguments(options)])
+    parsed = run_options(args)
+    assert parsed.pop("tasks") == "left"  # a comma-separated list; jobs.parse_tasks checks it against the tasks
+    assert parsed == {k: v for k, v in options.items() if k != "tasks"}
+
+
+def test_flags_follow_the_field_names():
+    assert cli_flag("batch_size") == "--batch-size"
+    assert cli_flag("teleport_options") == "--teleport-option"
+    assert cli_flag("architecture_options") == "--architecture-option"
+    assert cli_flag("hparams") == "--hp"
+    usage = subprocess.run([sys.executable, "-m", "mtlflow", "train", "--help"], capture_output=True, text=True,
+                           timeout=300).stdout
+    for name in field_names():
+        assert cli_flag(name) in usage, name
+
+
+def test_from_mapping_validates_once_with_the_option_name():
+    config = RunConfig.from_mapping({"lr": 1, "epochs": 2})
+    assert config.lr == 1.0 and isinstance(config.lr, float)  # YAML / protobuf integral numbers
+    with pytest.raises(InvalidParameterError, match=r"unknown training options: bogus; valid: method, hparams"):
+        RunConfig.from_mapping({"bogus": 1})
+    with pytest.raises(InvalidParameterError, match=r"^batch_size must be an integer, got 'x'$"):
+        RunConfig.from_mapping({"batch_size": "x"})
+    with pytest.raises(InvalidParameterError, match=r"^epochs must be an integer, got True$"):
+        RunConfig.from_mapping({"epochs": True})
+    with pytest.raises(InvalidParameterError, match=r"^rescale must be true or false, got 'no'$"):
+        RunConfig.from_mapping({"rescale": "no"})
+    with pytest.raises(InvalidParameterError, match=r"^clip_grad_norm must be a number or null, got 'big'$"):
+        RunConfig.from_mapping({"clip_grad_norm": "big"})
+    with pytest.raises(InvalidParameterError, match=r"^tasks must be a list of strings or null, got 'left'$"):
+        RunConfig.from_mapping({"tasks": "left"})
+
+
+def test_json_schema_describes_every_field_and_accepts_run_json_configs():
+    schema = json_schema()
+    assert list(schema["properties"]) == field_names()
+    for f in dataclasses.fields(RunConfig):
+        prop = schema["properties"][f.name]
+        assert prop["description"] == f.metadata["help"] and prop["description"]
+        if f.default is not dataclasses.MISSING:
+            assert prop["default"] == f.default
+    jsonschema.validate(RunConfig().to_dict(), schema)
+    jsonschema.validate(json.loads(json.dumps(NON_DEFAULT)), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**NON_DEFAULT, "bogus": 1}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**NON_DEFAULT, "epochs": "ten"}, schema)
+    printed = subprocess.run([sys.executable, "-m", "mtlflow", "config", "schema"], capture_output=True, text=True,
+                             timeout=300)
+    assert printed.returncode == 0 and json.loads(printed.stdout) == schema
+
+
+def test_hparams_have_one_grammar():
+    assert parse_hparams({"alpha": 2, "famo.gamma": 0}, ["famo", "fairgrad"]) == {
+        "famo": {"alpha": 2, "gamma": 0}, "fairgrad": {"alpha": 2}}
+    assert parse_hparams({"fairgrad.alpha": 2}, ["fairgrad"]) == {"fairgrad": {"alpha": 2}}
+    with pytest.raises(InvalidParameterError, match="names method 'famo', which this command does not run"):
+        parse_hparams({"famo.gamma": 0}, ["fairgrad"])
+    with pytest.raises(InvalidParameterError, match=r"must look like \[METHOD.\]NAME=VALUE"):
+        parse_hparams({"famo.": 0}, ["famo"])
