@@ -85,7 +85,7 @@ def test_zero_epochs_rejected_before_data_is_prepared(tmp_path: Path) -> None:
 
 
 def test_hp_values_are_parsed_as_yaml_scalars() -> None:
-    from mtlflow.cli import parse_assignments
+    from mtlflow.cli.common import parse_assignments
 
     parsed = parse_assignments(["alpha=2", "solver=frank-wolfe", "gamma=0.001", "flag=true", "tol=1.0e-4"], "--hp")
     assert parsed == {"alpha": 2, "solver": "frank-wolfe", "gamma": 0.001, "flag": True, "tol": 1e-4}
@@ -94,7 +94,7 @@ def test_hp_values_are_parsed_as_yaml_scalars() -> None:
 
 
 def test_hp_scientific_notation_is_a_float() -> None:
-    from mtlflow.cli import parse_assignments
+    from mtlflow.cli.common import parse_assignments
 
     hparams = parse_assignments(["w_lr=1e-3"], "--hp")
     assert hparams == {"w_lr": 1e-3}

@@ -11,7 +11,8 @@ import sys
 import jsonschema
 import pytest
 
-from mtlflow.cli import build_parser, run_options
+from mtlflow.cli import build_parser
+from mtlflow.cli.common import run_options
 from mtlflow.config.run import RunConfig, cli_flag, field_names, json_schema, parse_hparams, train_arguments
 from mtlflow.core.errors import InvalidParameterError
 

@@ -208,10 +208,11 @@ def test_train_nproc_relaunches_itself_under_torchrun(monkeypatch, tmp_path):
     """``mtlflow train --nproc 2`` runs the torchrun command (launching it for real is what the
     torchrun worker above does with the same module entry point)."""
     from mtlflow import cli
+    from mtlflow.cli import runs
 
     launched = []
     monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.setattr(cli.subprocess, "run", lambda command: launched.append(command) or
+    monkeypatch.setattr(runs.subprocess, "run", lambda command: launched.append(command) or
                         subprocess.CompletedProcess(command, 7))
     argv = ["train", "--benchmark", "toy", "--nproc", "2", "--out", str(tmp_path / "run"), "--epochs", "1"]
     assert cli.main(argv) == 7

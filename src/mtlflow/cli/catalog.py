@@ -1,0 +1,87 @@
+"""`mtlflow methods | architectures | benchmarks | config`: what the registries and the run configuration hold."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    from mtlflow import methods
+
+    rows = [methods.info(n) for n in methods.available()]
+    # what the gradient engine computes for each method (Method.requires)
+    needs = {r.name: methods.get(r.name).requires.value for r in rows}
+    if args.json:
+        print(json.dumps([{**r.__dict__, "requires": needs[r.name]} for r in rows], indent=2, default=str))
+        return 0
+    for r in rows:
+        hp = ", ".join(f"{k}={v[0]!r}" for k, v in r.hparams.items()) or "-"
+        print(f"{r.name:<12} {r.family:<22} {r.cost:<5} {r.paper}")
+        print(f"{'':<12} equations: {r.equations}")
+        print(f"{'':<12} needs: {needs[r.name]}; hyper-parameters: {hp}")
+    return 0
+
+
+def cmd_architectures(args: argparse.Namespace) -> int:
+    from mtlflow.models.architectures import describe
+
+    rows = describe()
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    for row in rows:
+        print(f"{row['name']:<12} {row['description']}")
+        for key, spec in row["options"].items():
+            print(f"{'':<12} {key}={spec['default']!r}: {spec['help']}")
+    return 0
+
+
+def cmd_benchmarks(args: argparse.Namespace) -> int:
+    from mtlflow import benchmarks
+
+    for name in benchmarks.available():
+        cls = benchmarks.get(name)
+        bench = cls()
+        print(f"{name:<12} tasks: {', '.join(bench.task_names)}")
+        print(f"{'':<12} {cls.description}")
+        opts = ", ".join(f"{k}={f.default!r}" for k, f in cls.config_fields.items())
+        print(f"{'':<12} options: {opts or '-'}")
+        if cls.train_defaults:
+            print(f"{'':<12} paper recipe: {json.dumps(cls.train_defaults)}")
+        if cls.cpu_smoke:
+            print(f"{'':<12} CPU smoke: {json.dumps(cls.cpu_smoke)}")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from mtlflow.config.run import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the methods, architectures, benchmarks, config commands."""
+    p = sub.add_parser("methods", help="list the registered methods with family, cost, paper, hyper-parameters")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_methods)
+
+    p = sub.add_parser("architectures", help="list the model architectures (combine with any method: "
+                       "`train --architecture NAME --architecture-option KEY=VALUE`)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_architectures)
+
+    p = sub.add_parser("benchmarks", help="list the registered benchmarks and their options")
+    p.set_defaults(func=cmd_benchmarks)
+
+    def data_options(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--mnist-dir", help="MNIST IDX folder whose digits are added (multimnist)")
+        q.add_argument("--data-dir", help="mounted dataset folder (celeba, nyuv2, cityscapes, office31, officehome)")
+        q.add_argument("--option", action="append", metavar="KEY=VALUE",
+                       help="benchmark preparation option (repeatable), e.g. n_train=2000")
+
+    p = sub.add_parser("config", help="the run configuration: `config schema` prints its JSON schema (the `train` "
+                       "flags, params.yaml's train.options and the pipelines' train_options are its fields)")
+    p.add_argument("what", choices=["schema"], help="schema: the JSON schema of RunConfig")
+    p.set_defaults(func=cmd_config)

@@ -1,0 +1,86 @@
+"""`mtlflow pipeline run | compile | submit | schedule`: the Kubeflow pipelines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from mtlflow.cli.common import (
+    parse_assignments,
+)
+
+
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    from mtlflow.pipelines import runner
+
+    if args.pipeline_command == "compile":
+        if args.all:
+            for path in runner.compile_all(args.out_dir):
+                print(f"compiled {path.stem} pipeline to {path}")
+            return 0
+        name = runner.canonical_name(args.pipeline)
+        out = args.out or str(Path(args.out_dir) / f"{name}.yaml")
+        path = runner.compile_pipeline(out, pipeline=name)
+        print(f"compiled {name} pipeline to {path}")
+        return 0
+    params = runner.load_params(args.params_file, parse_assignments(args.param, "--param"))
+    if args.pipeline_command == "run":
+        result = runner.run_local(params, workdir=args.workdir, pipeline=args.pipeline, storage_root=args.storage_root)
+        print(f"{'report' if result.suffix == '.html' else 'result'}: {result}")
+        return 0
+    from mtlflow.ops import kfp_client
+
+    if args.pipeline_command == "submit":
+        info = kfp_client.submit(args.host, args.pipeline, params, experiment=args.experiment,
+                                 run_name=args.run_name, namespace=args.namespace,
+                                 enable_caching=False if args.no_cache else None,
+                                 service_account=args.service_account)
+    else:
+        info = kfp_client.schedule(args.host, args.pipeline, args.cron, params, experiment=args.experiment,
+                                   job_name=args.job_name, namespace=args.namespace,
+                                   service_account=args.service_account)
+    print(json.dumps(info))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the pipeline commands."""
+    p = sub.add_parser("pipeline", help="Kubeflow pipelines: run locally, compile, submit, schedule")
+    psub = p.add_subparsers(dest="pipeline_command", required=True, metavar="ACTION")
+    pipeline_help = "benchmark_sweep (alias main), retrain or distributed_train (cluster only)"
+
+    def pipeline_params(q: argparse.ArgumentParser, default: str) -> None:
+        q.add_argument("--pipeline", default=default, help=f"{pipeline_help}; default {default}")
+        q.add_argument("--params-file", "--params", dest="params_file", help="YAML file of pipeline parameters")
+        q.add_argument("--param", action="append", metavar="KEY=VALUE", help="pipeline parameter (repeatable)")
+
+    def cluster_target(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--host", required=True, help="KFP API URL, e.g. https://kubeflow.example.com/pipeline "
+                       "(token from $MTLFLOW_KFP_TOKEN)")
+        q.add_argument("--experiment", default="mtlflow", help="experiment name (created if missing)")
+        q.add_argument("--namespace", help="Kubeflow profile namespace (multi-user deployments)")
+        q.add_argument("--service-account", help="Kubernetes service account of the run's pods")
+
+    q = psub.add_parser("run", help="run with kfp.local's SubprocessRunner")
+    q.add_argument("--local", action="store_true", required=True, help="run on this machine (kfp.local)")
+    pipeline_params(q, "main")
+    q.add_argument("--workdir", default="runs/pipeline", help="where kfp.local writes artifacts")
+    q.add_argument("--storage-root", help="DVC remote/cache, checkpoints, status records and model store "
+                   "(default WORKDIR/storage; reuse it across retrain runs to keep the champion)")
+    q = psub.add_parser("compile", help="write pipeline IR YAML (one pipeline, or --all)")
+    q.add_argument("--pipeline", default="main", help=pipeline_help)
+    q.add_argument("--all", action="store_true", help="every pipeline, as OUT_DIR/<name>.yaml")
+    q.add_argument("--out", help="output file (default OUT_DIR/<name>.yaml)")
+    q.add_argument("--out-dir", default="build", help="output directory (default build)")
+    q = psub.add_parser("submit", help="validate, compile and start one run on a KFP cluster")
+    pipeline_params(q, "retrain")
+    cluster_target(q)
+    q.add_argument("--run-name", help="display name of the run")
+    q.add_argument("--no-cache", action="store_true", help="disable KFP caching for this run")
+    q = psub.add_parser("schedule", help="create a recurring run (max 1 concurrent, no catch-up)")
+    pipeline_params(q, "benchmark_sweep")
+    cluster_target(q)
+    q.add_argument("--cron", required=True, help="6-field KFP cron with seconds first, e.g. '0 0 3 * * *'")
+    q.add_argument("--job-name", help="name of the recurring run")
+    p.set_defaults(func=cmd_pipeline)

@@ -1,0 +1,254 @@
+"""`mtlflow prepare | train | evaluate | aggregate | report | data | stage`: one run's life and its data."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from mtlflow.cli.common import (
+    add_data_options,
+    add_run_options,
+    bench_config,
+    check_data_source,
+    csv_list,
+    run_options,
+)
+from mtlflow.config.run import RunConfig, parse_hparams
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.core.seeding import seed_arg
+from mtlflow.jobs.cache import cache_path, cached_data_dir, default_cache_dir
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from mtlflow import jobs
+
+    manifest = jobs.prepare(args.benchmark, args.out, overwrite=args.overwrite, **bench_config(args))
+    print(json.dumps({"out": args.out, "content_hash": manifest["content_hash"]}))
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from mtlflow import benchmarks, jobs, methods
+    from mtlflow.core.outputs import check_output_dir, stale_run_files
+
+    check_data_source(args)
+    given = run_options(args)
+    args.method = given.pop("method", RunConfig.method)
+    args.seed = given.pop("seed", RunConfig.seed)
+    args.tasks = given.pop("tasks", None)
+    hparams = parse_hparams(given.pop("hparams", {}), [args.method]).get(args.method, {})
+    overrides = given
+    if args.dry_run:
+        return _dry_run(args, hparams, overrides)
+    if args.out is None:
+        raise InvalidParameterError("give --out DIR, the run directory")
+    from mtlflow.engine import distributed
+
+    check_output_dir(args.out, "--out")
+    if distributed.is_main_process():  # under torchrun rank 0 owns the run directory (see jobs.train)
+        stale_run_files(args.out, args.resume, args.overwrite)
+    if args.data is None:
+        # reject bad input before preparing any data
+        default_cache_dir()
+        bench = benchmarks.build(args.benchmark, **bench_config(args))
+        selected = bench.select_tasks(jobs.parse_tasks(args.tasks, bench.task_names))
+        methods.build(args.method, len(selected), **jobs.resolved_hparams(bench, args.method, hparams))
+        jobs.train_config(bench.train_defaults, method=args.method, **overrides)
+        if args.teleport:
+            from mtlflow.teleport import check_benchmark
+
+            check_benchmark(bench, [t.name for t in selected], args.teleport, overrides["teleport_options"])
+    from mtlflow.ops.observability import resolve_pushgateway, training_exporters
+
+    gateway = resolve_pushgateway(args.pushgateway)  # a malformed address is rejected before any data work
+    if args.nproc not in (None, 1) and "RANK" not in os.environ:  # not yet under torchrun
+        return subprocess.run(distributed.torchrun_command(args.nproc, args.argv)).returncode
+    data_dir = Path(args.data) if args.data else cached_data_dir(args.benchmark, bench_config(args))
+    main_rank = distributed.is_main_process()  # under torchrun only rank 0 exports and prints
+    with (training_exporters(gateway, args.metrics_port) if main_rank else contextlib.nullcontext([])) as callbacks:
+        result = jobs.train(data_dir, args.out, method=args.method, seed=args.seed, hparams=hparams,
+                            tasks=args.tasks, resume=args.resume, overwrite=args.overwrite,
+                            progress=not args.no_progress, callbacks=callbacks, **overrides)
+    final = result["final"]["test"]
+    if main_rank:
+        print(json.dumps({"run_dir": args.out, "test": final}))
+    return 0
+
+
+def _dry_run(args: argparse.Namespace, hparams: dict[str, Any], overrides: dict[str, Any]) -> int:
+    """Print the resolved configuration, parameter counts and a memory estimate; prepare and train nothing."""
+    from mtlflow import benchmarks, jobs
+    from mtlflow.benchmarks.base import read_manifest
+    from mtlflow.jobs.dryrun import describe_run, format_description
+
+    data_dir = Path(args.data) if args.data is not None else None
+    if data_dir is not None:
+        manifest = read_manifest(data_dir)
+        bench = benchmarks.build(manifest["benchmark"], **manifest.get("config", {}))
+    else:
+        bench = benchmarks.build(args.benchmark, **bench_config(args))
+        cached = cache_path(bench)
+        data_dir = cached if (cached / "manifest.json").is_file() else None
+    resolved = jobs.resolved_hparams(bench, args.method, hparams)
+    config = jobs.train_config(bench.train_defaults, method=args.method, seed=args.seed, hparams=resolved,
+                               tasks=jobs.parse_tasks(args.tasks, bench.task_names), **overrides)
+    info = describe_run(bench, config, resolved, data_dir)
+    print(format_description(info))
+    print(json.dumps(info, indent=2, default=str))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from mtlflow import jobs
+
+    result = jobs.evaluate(args.run_dir, args.data, split=args.split, out_file=args.out, confusion=args.confusion)
+    print(json.dumps(result["metrics"]))
+    return 0
+
+
+def cmd_aggregate(args: argparse.Namespace) -> int:
+    from mtlflow import jobs
+    from mtlflow.ops.observability import export_summary, resolve_pushgateway
+
+    gateway = resolve_pushgateway(args.pushgateway)
+    summary = jobs.aggregate(args.run_dirs, args.out, reference_dirs=args.references or (),
+                             method_set=csv_list(args.method_set), split=args.split,
+                             paper_references=args.paper_references)
+    from mtlflow.jobs.report import markdown_table
+
+    print(markdown_table(summary), end="")
+    print(f"report: {Path(args.out) / 'report.html'}")
+    if gateway:
+        export_summary(summary, gateway)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from mtlflow.engine.rundir import check_run_consistent
+    from mtlflow.ops.observability.run_report import render_report
+
+    if (Path(args.path) / "run.json").is_file():  # a failed run has a report too, a mixed directory not
+        check_run_consistent(Path(args.path), require_completed=False)
+
+    print(f"report: {render_report(args.path, args.out)}")
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from mtlflow.benchmarks.base import read_manifest
+    from mtlflow.ops import dvc as dvc_io
+
+    remote = dvc_io.resolve_remote(args.remote)
+    if remote is None:
+        raise InvalidParameterError(f"no DVC remote: give --remote URL or set ${dvc_io.REMOTE_ENV}")
+    if args.data_command == "push":
+        read_manifest(args.data)  # only prepared datasets are versioned
+        print(json.dumps({"data": args.data, "git_revision": dvc_io.git_revision(),
+                          **dvc_io.push_dataset(args.data, remote)}))
+    else:
+        out = dvc_io.pull_dataset(args.version, remote, args.out, cache_dir=args.cache_dir)
+        print(json.dumps({"out": str(out), "dvc_hash": args.version, "dvc_remote": remote,
+                          "content_hash": read_manifest(out)["content_hash"]}))
+    return 0
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    from mtlflow.jobs import stages
+
+    params = stages.load_params(args.params)
+    if args.stage == "prepare":
+        stages.stage_prepare(params)
+    elif args.stage == "train":
+        stages.stage_train(params, args.method, args.seed)
+    elif args.stage == "reference":
+        stages.stage_reference(params, args.task, args.seed)
+    elif args.stage == "evaluate":
+        stages.stage_evaluate(params)
+    elif args.stage == "experiment":
+        stages.stage_experiment(params)
+    else:
+        stages.stage_aggregate(params)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the prepare, train, evaluate, aggregate, report, data, stage commands."""
+    p = sub.add_parser("prepare", help="build a benchmark's data into a directory with a content hash")
+    p.add_argument("--benchmark", required=True)
+    p.add_argument("--out", required=True, help="new or empty directory (a prepared dataset is replaced only "
+                   "with --overwrite; other content is never deleted)")
+    p.add_argument("--overwrite", action="store_true", help="replace the prepared dataset already in --out")
+    add_data_options(p)
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("train", help="train one method with one seed")
+    p.add_argument("--benchmark", help="benchmark name; its data is prepared into the cache if needed")
+    p.add_argument("--data", help="prepared data directory (from `mtlflow prepare`)")
+    add_data_options(p)
+    add_run_options(p)
+    p.add_argument("--out", help="run directory (required unless --dry-run)")
+    p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace the run already in --out (its result files "
+                   "are deleted before training starts)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the resolved config, parameter counts and a memory estimate; train nothing")
+    p.add_argument("--pushgateway", metavar="URL", help="push epoch telemetry to this Prometheus Pushgateway "
+                   "(default $MTLFLOW_PUSHGATEWAY; a failed push only logs one warning)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus /metrics on this port "
+                   "while training")
+    p.add_argument("--nproc", type=int, metavar="N", help="data-parallel training in N processes (runs "
+                   "`torchrun --standalone --nproc_per_node N -m mtlflow train ...`; global batch = N x --batch-size)")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("evaluate", help="evaluate a trained run on a split")
+    p.add_argument("run_dir")
+    p.add_argument("--data", required=True, help="the prepared data the run was trained on")
+    p.add_argument("--split", default="test")
+    p.add_argument("--out", help="output JSON (default RUN_DIR/evaluation.json)")
+    p.add_argument("--confusion", action="store_true",
+                   help="also write the confusion matrices of the classification tasks into the JSON")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("aggregate", help="compare runs: Δm%%, mean rank, hypervolume, Pareto plot, HTML")
+    p.add_argument("run_dirs", nargs="+")
+    p.add_argument("--references", nargs="*", help="single-task reference run directories")
+    p.add_argument("--paper-references", action=argparse.BooleanOptionalAction, default=None,
+                   help="also report Δm%% against the papers' single-task values (default: when the benchmark "
+                        "publishes them; --no-paper-references turns it off)")
+    p.add_argument("--method-set", help="comma-separated methods over which the mean rank is computed")
+    p.add_argument("--split", default="test")
+    p.add_argument("--out", required=True)
+    p.add_argument("--pushgateway", metavar="URL", help="push Δm%%, mean rank, hypervolume and Pareto membership "
+                   "per method to this Prometheus Pushgateway (default $MTLFLOW_PUSHGATEWAY)")
+    p.set_defaults(func=cmd_aggregate)
+
+    p = sub.add_parser("report", help="render the HTML report of a finished run or an aggregate results directory")
+    p.add_argument("path", help="run directory (from `mtlflow train --out`) or aggregate results directory")
+    p.add_argument("--out", help="output HTML file (default PATH/report.html)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("data", help="version prepared datasets with DVC: push to / pull from a remote")
+    dsub = p.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    q = dsub.add_parser("push", help="upload a prepared dataset; prints its DVC hash (the data version)")
+    q.add_argument("--data", required=True, help="prepared data directory")
+    q.add_argument("--remote", help="DVC remote URL (default $MTLFLOW_DVC_REMOTE)")
+    q = dsub.add_parser("pull", help="fetch a data version into a new directory and verify it")
+    q.add_argument("version", help="DVC hash '<md5>.dir' (dvc_hash in the dataset metadata)")
+    q.add_argument("--out", required=True)
+    q.add_argument("--remote", help="DVC remote URL (default $MTLFLOW_DVC_REMOTE)")
+    q.add_argument("--cache-dir", help="DVC cache kept between pulls (default: a temporary one)")
+    p.set_defaults(func=cmd_data)
+
+    p = sub.add_parser("stage", help="run one DVC stage of dvc.yaml (reads params.yaml)")
+    p.add_argument("stage", choices=["prepare", "train", "reference", "evaluate", "aggregate", "experiment"])
+    p.add_argument("--method")
+    p.add_argument("--task")
+    p.add_argument("--seed", type=seed_arg, default=0)
+    p.add_argument("--params", default="params.yaml")
+    p.set_defaults(func=cmd_stage)
