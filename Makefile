@@ -30,7 +30,7 @@ test-deps:
 	  $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus-pushgateway prometheus; }
 
-# Mutation testing of methods/, teleport/, pareto/, grad_engine/ and scoring.py (README "Mutation
+# Mutation testing of methods/, teleport/, pareto/, grad_engine/ and metrics/scoring.py (README "Mutation
 # testing"): hours on one core, so it runs before resolving an issue, not in CI. It resumes where it
 # stopped (MUTATION_ARGS="--stop-after 3600" bounds one sitting) and retests only changed functions.
 MUTATION_ARGS ?=

@@ -97,3 +97,27 @@ def test_hparams_have_one_grammar():
         parse_hparams({"famo.gamma": 0}, ["fairgrad"])
     with pytest.raises(InvalidParameterError, match=r"must look like \[METHOD.\]NAME=VALUE"):
         parse_hparams({"famo.": 0}, ["famo"])
+
+
+def test_one_training_run_validates_its_config_once_and_reads_its_data_once(multimnist_small, tmp_path,
+                                                                           monkeypatch):
+    """`jobs.train` on prepared data: one config validation, one benchmark object, one hash of the data,
+    and the method built twice at most (a validation before any data is read, then the trainer's)."""
+    from mtlflow import benchmarks, jobs, methods
+    from mtlflow.benchmarks import base
+
+    calls = {"validate": 0, "benchmark": 0, "hash": 0, "method": 0}
+
+    def counting(key, function):
+        def wrapper(*args, **kwargs):
+            calls[key] += 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(RunConfig, "validate", counting("validate", RunConfig.validate))
+    monkeypatch.setattr(benchmarks, "build", counting("benchmark", benchmarks.build))
+    monkeypatch.setattr(base, "file_hashes", counting("hash", base.file_hashes))
+    monkeypatch.setattr(methods, "build", counting("method", methods.build))
+    jobs.train(multimnist_small, tmp_path / "run", method="fairgrad", epochs=1, batch_size=64, max_steps_per_epoch=1,
+               progress=False)
+    assert calls == {"validate": 1, "benchmark": 1, "hash": 1, "method": 2}

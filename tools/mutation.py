@@ -33,7 +33,7 @@ FOLDERS = {
     "teleport": PACKAGE / "teleport",
     "pareto": PACKAGE / "pareto",
     "grad_engine": PACKAGE / "grad_engine",
-    "scoring": PACKAGE / "scoring.py",
+    "scoring": PACKAGE / "metrics" / "scoring.py",
 }
 # mutmut's statuses, as its stats module names them, sorted into detected / not detected. A mutant
 # that makes the tests time out or crash the interpreter is detected; one that no test calls

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from mtlflow.benchmarks.base import Benchmark, BenchmarkData
-from mtlflow.core.errors import UnknownNameError
+from mtlflow.core.registry import discover, lookup
 from mtlflow.metrics.task import TaskSpec
 from mtlflow.models.base import MultiTaskModel
 
@@ -23,7 +23,6 @@ def _registry() -> dict[str, type[Benchmark]]:
     global _REGISTRY
     if _REGISTRY is None:
         import mtlflow.benchmarks as package
-        from mtlflow.core.registry import discover
 
         _REGISTRY = discover(package, Benchmark, skip=("base",))
     return _REGISTRY
@@ -36,10 +35,7 @@ def available() -> list[str]:
 
 
 def get(name: str) -> type[Benchmark]:
-    try:
-        return _registry()[name]
-    except KeyError:
-        raise UnknownNameError("benchmark", name, available()) from None
+    return lookup(_registry(), "benchmark", name)
 
 
 def build(name: str, **config: Any) -> Benchmark:

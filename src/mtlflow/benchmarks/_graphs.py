@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 from mtlflow.benchmarks._molgraphs import QM9_BOND_TYPES, MolGraph
 from mtlflow.benchmarks.base import Benchmark, load_tensor_file, seed_worker
 from mtlflow.core.errors import DataError
+from mtlflow.metrics.regression import with_scale
 
 GRAPHS_FILE = "graphs.pt"
 SPLIT_FILE = "split.json"
@@ -67,6 +68,19 @@ def read_split(path: Path, fix: str) -> dict[str, list[int]]:
         return {s: [int(i) for i in blob[s]] for s in SPLITS}
     except (json.JSONDecodeError, KeyError, TypeError, ValueError):
         raise DataError(f"split file {path} is corrupt or lacks train/val/test id lists; {fix}") from None
+
+
+def save_graph_data(out_dir: Path, store: dict[str, Tensor], split: dict[str, list[int]], seed: int | None,
+                    how: str) -> None:
+    """Write the packed graphs and the split file of a prepared graph benchmark."""
+    torch.save(store, out_dir / GRAPHS_FILE)
+    write_split(out_dir / SPLIT_FILE, split, seed, how)
+
+
+def load_graph_data(data_dir: Path, what: str, fix: str) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The packed graphs of a prepared graph benchmark and the store rows of every split."""
+    store = load_store(data_dir, what, fix)
+    return store, rows_of(store, read_split(data_dir / SPLIT_FILE, fix), fix)
 
 
 def load_store(data_dir: Path, what: str, fix: str) -> dict[str, Tensor]:
@@ -152,6 +166,20 @@ class GraphBenchmark(Benchmark):
         return GraphDataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
                                num_workers=num_workers, pin_memory=pin_memory,
                                worker_init_fn=seed_worker if num_workers else None)
+
+
+def training_statistics(store: dict[str, Tensor], split: dict[str, list[int]], names: Sequence[str],
+                        fix: str) -> dict[str, dict[str, float]]:
+    """Mean and standard deviation of every target over the training split, by target name."""
+    _, mean, std = standardise(store["y"], rows_of(store, split, fix)["train"])
+    return {"train_mean": dict(zip(names, mean)), "train_std": dict(zip(names, std))}
+
+
+def standardised_targets(y: Tensor, train_rows: Tensor) -> Tensor:
+    """Targets standardised with the training rows' statistics, paired with their scales so that the
+    metrics report original units (:func:`mtlflow.metrics.regression.with_scale`)."""
+    standard, _, std = standardise(y, train_rows)
+    return with_scale(standard, torch.tensor(std))
 
 
 def standardise(y: Tensor, train_rows: Tensor) -> tuple[Tensor, list[float], list[float]]:

@@ -11,26 +11,22 @@ from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 
 from mtlflow.benchmarks._graphs import (
-    SPLIT_FILE,
     GraphBenchmark,
     GraphDataset,
-    load_store,
+    load_graph_data,
     pack_graphs,
     random_split_ids,
-    read_split,
-    rows_of,
-    standardise,
-    write_split,
+    save_graph_data,
+    standardised_targets,
+    training_statistics,
 )
 from mtlflow.benchmarks._molgraphs import categorical_graph_from_smiles, categorical_vocab_sizes
 from mtlflow.benchmarks.base import ConfigField
 from mtlflow.core.errors import DataError
 from mtlflow.core.hashing import file_sha256
-from mtlflow.metrics.regression import with_scale
 from mtlflow.models.base import MultiTaskModel
 
 
@@ -74,6 +70,7 @@ class MoleculeNetBenchmark(GraphBenchmark):
         "seed": ConfigField(0, "seed of the subset and of the random split",
                             lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
     }
+    cpu_smoke = {"options": {"n_molecules": 600}, "train": {"epochs": 2, "batch_size": 64}}
 
     def _fix(self) -> str:
         return f"re-run `mtlflow prepare --benchmark {self.name}`"
@@ -108,29 +105,21 @@ class MoleculeNetBenchmark(GraphBenchmark):
             ids.append(int(row))
         labels = frame[list(self.label_columns)].to_numpy(dtype=np.float64)[ids]
         store = pack_graphs(graphs, labels, ids)
-        torch.save(store, out_dir / "graphs.pt")
         n_test = int(round(cfg["test_fraction"] * len(ids)))
         n_val = int(round(cfg["val_fraction"] * len(ids)))
         split = random_split_ids(ids, n_val, n_test, cfg["seed"])
-        write_split(out_dir / SPLIT_FILE, split, cfg["seed"], "seeded random split: test first, then val, rest train")
+        save_graph_data(out_dir, store, split, cfg["seed"], "seeded random split: test first, then val, rest train")
         extra: dict[str, Any] = {}
         if self.standardise_targets:
-            _, mean, std = standardise(store["y"], rows_of(store, split, self._fix())["train"])
-            extra = {"train_mean": dict(zip(self.label_columns, mean)), "train_std": dict(zip(self.label_columns, std))}
+            extra = training_statistics(store, split, self.label_columns, self._fix())
             (out_dir / "targets.json").write_text(json.dumps(extra, indent=2) + "\n")
         return {"source": {"file": str(path), "sha256": digest, "rows": len(frame)}, "molecules": len(ids),
                 "invalid_smiles_skipped": invalid, "split_sizes": {k: len(v) for k, v in split.items()},
                 "missing_label_share": float(np.isnan(labels).mean()), **extra}
 
     def read_splits(self, data_dir: Path) -> dict[str, Dataset]:
-        fix = self._fix()
-        store = load_store(data_dir, self.name, fix)
-        split = read_split(data_dir / SPLIT_FILE, fix)
-        rows = rows_of(store, split, fix)
-        targets = store["y"].float()
-        if self.standardise_targets:
-            y, _, std = standardise(store["y"], rows["train"])
-            targets = with_scale(y, torch.tensor(std))
+        store, rows = load_graph_data(data_dir, self.name, self._fix())
+        targets = standardised_targets(store["y"], rows["train"]) if self.standardise_targets else store["y"].float()
         return {name: GraphDataset(store, rows[name], targets, complete=False) for name in rows}
 
     def make_model(self, task_names: Sequence[str] | None = None) -> MultiTaskModel:

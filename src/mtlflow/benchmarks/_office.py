@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from mtlflow.benchmarks.base import Benchmark, ConfigField
+from mtlflow.benchmarks.base import Benchmark, ConfigField, read_resized_image
 from mtlflow.core.errors import DataError
 from mtlflow.metrics.classification import MaskedAccuracy, masked_cross_entropy
 from mtlflow.metrics.task import TaskSpec
@@ -69,19 +69,11 @@ class ImageList(Dataset):
         return len(self.entries)
 
     def __getitem__(self, idx: int) -> tuple[Tensor, int]:
-        from PIL import Image
         from torchvision.transforms.v2 import functional as TF
 
         rel, label = self.entries[idx]
-        path = self.root / rel
-        try:
-            with Image.open(path) as img:
-                image = TF.pil_to_tensor(img.convert("RGB"))
-        except OSError as exc:
-            raise DataError(f"cannot read image {path} ({exc}); check the mounted data folder") from None
-        image = TF.resize(image, [self.image_size, self.image_size], antialias=True)
-        image = TF.normalize(image.float().div_(255.0), IMAGENET_MEAN, IMAGENET_STD)
-        return image, label
+        image = read_resized_image(self.root / rel, self.image_size)
+        return TF.normalize(image.float().div_(255.0), IMAGENET_MEAN, IMAGENET_STD), label
 
 
 class MultiInputDataset(Dataset):
@@ -142,12 +134,7 @@ class OfficeBenchmark(Benchmark):
                 for name in self.domains]
 
     def _data_dir(self) -> Path:
-        if not self.config["data_dir"]:
-            raise DataError(f"{self.name} needs its data folder: pass --data-dir DIR with one image folder per domain")
-        root = Path(self.config["data_dir"])
-        if not root.is_dir():
-            raise DataError(f"{self.name} folder not found: {root}; pass the mounted dataset folder to --data-dir")
-        return root
+        return self.mounted_data_dir("with one image folder per domain")
 
     def _domain_folder(self, root: Path, task: str) -> Path:
         for candidate in self.domains[task][1]:

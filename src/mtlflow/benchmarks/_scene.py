@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from mtlflow.benchmarks.base import Benchmark, ConfigField
+from mtlflow.benchmarks.base import Benchmark, ConfigField, PublishedReferences
 from mtlflow.core.errors import DataError
 from mtlflow.core.hashing import file_sha256
 from mtlflow.metrics.dense import (
@@ -100,6 +100,15 @@ def random_scale_crop_flip(image: Tensor, targets: dict[str, Tensor]) -> tuple[T
     return image, out
 
 
+def mtan_recipe(batch_size: int, ldcmtl_lr: float) -> dict[str, Any]:
+    """Training defaults of Nash-MTL/FAMO/FairGrad/COST on both data sets (methods-cost.md §3.1): Adam 1e-4,
+    StepLR(100, 0.5), 200 epochs, the mean of the last 10 epochs; the batch size and LDC-MTL Table 5's step
+    size differ per data set."""
+    return {"epochs": 200, "batch_size": batch_size, "lr": 1e-4, "optimizer": "adam", "select": "last-k:10",
+            "scheduler": "step", "scheduler_options": {"step_size": 100, "gamma": 0.5},
+            "per_method": {"ldcmtl": {"lr": ldcmtl_lr}}}
+
+
 class SceneDataset(Dataset):
     """Items ``(image [3, H, W], (target per task))`` from one MTAN folder (``train`` or ``val``)."""
 
@@ -141,6 +150,12 @@ class SceneBenchmark(Benchmark):
     task_dirs: ClassVar[dict[str, str]]
     #: hypervolume reference of the depth absolute error (in the data's depth units)
     depth_hv_reference: ClassVar[float] = 1.0
+    #: LDC-MTL Table 5 / App. A.1 for this data set: λ, and whether the MLP router's layers have biases
+    ldcmtl_penalty: ClassVar[float]
+    ldcmtl_router_bias: ClassVar[bool]
+    #: single-task metrics of the papers' code (``metrics[task][metric]``) and where they stand
+    paper_stl: ClassVar[dict[str, dict[str, float]]]
+    paper_stl_source: ClassVar[str]
 
     config_fields = {
         "data_dir": ConfigField(None, "MTAN preprocessed folder ({train,val}/{image,label...,depth,normal}/N.npy)",
@@ -161,14 +176,24 @@ class SceneBenchmark(Benchmark):
                                      "1, 2, 4, 8 or 16"),
     }
 
+    cpu_smoke = {"options": {"max_items": 4, "width_divisor": 8}, "train": {"epochs": 1, "batch_size": 2, "select": "last"}}
+
+    def method_defaults(self, method: str) -> dict[str, Any]:
+        # LDC-MTL Table 5 / App. A.1 on both data sets: τ = 1, no normalisation, a 3-layer MLP router
+        if method == "ldcmtl":
+            # Table 5's λ multiplies the discrepancy in the authors' code: form="code" (see methods/ldcmtl.py)
+            return {"penalty": self.ldcmtl_penalty, "form": "code",
+                    "tau": "one", "normalization": "none", "router": "mlp", "router_bias": self.ldcmtl_router_bias}
+        if method == "palora":  # PaLoRA Table 1: rank 4 on scene understanding
+            return {"rank": 4}
+        return {}
+
+    def published_references(self) -> PublishedReferences:
+        return PublishedReferences(label="paper STL", metrics={t: dict(v) for t, v in self.paper_stl.items()},
+                                   source=self.paper_stl_source)
+
     def _data_dir(self) -> Path:
-        if not self.config["data_dir"]:
-            raise DataError(f"{self.name} needs its data folder: pass --data-dir DIR (MTAN preprocessed layout "
-                            "{train,val}/{image,...}/N.npy)")
-        root = Path(self.config["data_dir"])
-        if not root.is_dir():
-            raise DataError(f"{self.name} folder not found: {root}; pass the mounted dataset folder to --data-dir")
-        return root
+        return self.mounted_data_dir("(MTAN preprocessed layout {train,val}/{image,...}/N.npy)")
 
     def write_data(self, out_dir: Path) -> dict[str, Any]:
         root = self._data_dir()

@@ -13,7 +13,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 from torch import Tensor
@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 from mtlflow.core import atomic
 from mtlflow.core.errors import DataError, InvalidParameterError
 from mtlflow.core.hashing import MANIFEST_NAME, combine_hashes, file_hashes
+from mtlflow.core.hparams import ConfigField
 from mtlflow.metrics.task import TaskSpec
 from mtlflow.models.base import MultiTaskModel
 
@@ -76,14 +77,6 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(seed)
 
 
-@dataclass(frozen=True)
-class ConfigField:
-    default: Any
-    help: str
-    check: Callable[[Any], bool] | None = None
-    requirement: str = ""
-
-
 class Benchmark:
     """Base class of benchmarks; subclasses set the class attributes and implement the hooks."""
 
@@ -107,7 +100,7 @@ class Benchmark:
         resolved.update({k: v for k, v in config.items() if v is not None})
         for key, value in resolved.items():
             spec = self.config_fields[key]
-            if spec.check is not None and not spec.check(value):
+            if not spec.accepts(value):
                 raise InvalidParameterError(
                     f"benchmark {self.name!r} option {key}={value!r} is invalid: must be {spec.requirement}")
         self.config = resolved
@@ -174,6 +167,16 @@ class Benchmark:
         """Single-task reference metrics published by the papers, for a labelled "paper STL" Δm%."""
         return None
 
+    def mounted_data_dir(self, layout: str) -> Path:
+        """The existing folder of the ``data_dir`` option, for benchmarks whose data is mounted (never
+        downloaded); ``layout`` ends the error message by saying what the folder must hold."""
+        if not self.config.get("data_dir"):
+            raise DataError(f"{self.name} needs its data folder: pass --data-dir DIR {layout}")
+        root = Path(self.config["data_dir"])
+        if not root.is_dir():
+            raise DataError(f"{self.name} folder not found: {root}; pass the mounted dataset folder to --data-dir")
+        return root
+
     def prepare(self, out_dir: str | Path) -> dict[str, Any]:
         """Write the benchmark data atomically into ``out_dir`` with a manifest and content hash."""
         out_dir = Path(out_dir)
@@ -237,3 +240,16 @@ def load_tensor_file(path: Path, what: str, fix: str) -> Any:
         return torch.load(path, weights_only=True)
     except Exception as exc:  # torch raises several unrelated types for truncated files
         raise DataError(f"{what} {path} is corrupt ({type(exc).__name__}); {fix}") from None
+
+
+def read_resized_image(path: Path, size: int) -> Tensor:
+    """An image file as ``uint8 [3, size, size]`` RGB (bilinear, antialiased), a DataError if unreadable."""
+    from PIL import Image
+    from torchvision.transforms.v2 import functional as TF
+
+    try:
+        with Image.open(path) as img:
+            image = TF.pil_to_tensor(img.convert("RGB"))
+    except OSError as exc:
+        raise DataError(f"cannot read image {path} ({exc}); check the mounted data folder") from None
+    return TF.resize(image, [size, size], antialias=True)

@@ -25,7 +25,13 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from mtlflow.benchmarks.base import Benchmark, ConfigField, PublishedReferences, load_tensor_file
+from mtlflow.benchmarks.base import (
+    Benchmark,
+    ConfigField,
+    PublishedReferences,
+    load_tensor_file,
+    read_resized_image,
+)
 from mtlflow.core.errors import DataError
 from mtlflow.core.hashing import file_sha256
 from mtlflow.metrics.classification import BinaryAccuracy, BinaryF1, masked_binary_cross_entropy
@@ -98,16 +104,7 @@ class CelebAImages(Dataset):
         return len(self.files)
 
     def __getitem__(self, idx: int):
-        from PIL import Image
-        from torchvision.transforms.v2 import functional as TF
-
-        path = self.image_dir / self.files[idx]
-        try:
-            with Image.open(path) as img:
-                image = TF.pil_to_tensor(img.convert("RGB"))
-        except OSError as exc:
-            raise DataError(f"cannot read CelebA image {path} ({exc}); check the mounted data folder") from None
-        image = TF.resize(image, [self.image_size, self.image_size], antialias=True)
+        image = read_resized_image(self.image_dir / self.files[idx], self.image_size)
         return image.float().div_(255.0), tuple(self.labels[idx].float().unbind())
 
 
@@ -145,13 +142,8 @@ class CelebA(Benchmark):
                                           "methods-cost.md §3.2), rounded to 4 decimals")
 
     def _data_dir(self) -> Path:
-        if not self.config["data_dir"]:
-            raise DataError("celeba needs its data folder: pass --data-dir DIR (or --option data_dir=DIR) with "
-                            "Anno/list_attr_celeba.txt, Eval/list_eval_partition.txt and Img/img_align_celeba/")
-        root = Path(self.config["data_dir"])
-        if not root.is_dir():
-            raise DataError(f"CelebA folder not found: {root}; pass the mounted CelebA folder to --data-dir")
-        return root
+        return self.mounted_data_dir("(or --option data_dir=DIR) with Anno/list_attr_celeba.txt, "
+                                     "Eval/list_eval_partition.txt and Img/img_align_celeba/")
 
     def write_data(self, out_dir: Path) -> dict[str, Any]:
         root = self._data_dir()

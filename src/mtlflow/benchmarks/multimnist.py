@@ -15,7 +15,7 @@ import gzip
 import struct
 import zlib
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 import torch
@@ -134,53 +134,84 @@ def overlay(left: np.ndarray, right: np.ndarray, shift: int = CANVAS - DIGIT) ->
     return np.maximum(canvas_a, canvas_b)
 
 
-class MultiMNIST(Benchmark):
-    name = "multimnist"
-    description = "Two overlaid real MNIST digits (36x36); tasks: left digit, right digit (Sener & Koltun 2018)"
+class OverlaidDigitsBenchmark(Benchmark):
+    """Images of several real digits overlaid on one canvas, one classification task per digit.
+
+    Subclasses name the tasks (one per digit position), the image side and how each image's source
+    digits are drawn and overlaid; preparation, storage (``<split>.pt``) and loading are shared.
+    """
+
+    #: task names, one per digit, in the order of the ``labels`` columns
+    digit_tasks: ClassVar[tuple[str, ...]]
+    #: side of the stored square images
+    image_size: ClassVar[int]
+
     config_fields = {
-        "n_train": ConfigField(10_000, "overlaid training images", positive_int, "a positive integer"),
-        "n_val": ConfigField(1_000, "overlaid validation images", positive_int, "a positive integer"),
-        "n_test": ConfigField(2_000, "overlaid test images", positive_int, "a positive integer"),
+        "n_train": ConfigField(10_000, "training images", positive_int, "a positive integer"),
+        "n_val": ConfigField(1_000, "validation images", positive_int, "a positive integer"),
+        "n_test": ConfigField(2_000, "test images", positive_int, "a positive integer"),
         "val_fraction": ConfigField(0.1, "share of source digits reserved for validation", fraction, "in (0, 1)"),
         "test_fraction": ConfigField(0.2, "share of source digits reserved for test", fraction, "in (0, 1)"),
         "mnist_dir": ConfigField(None, "optional MNIST IDX folder whose digits are added to the pool",
                                  lambda v: v is None or isinstance(v, str), "a folder path"),
-        "seed": ConfigField(0, "seed of the source split and of the pairing", lambda v: isinstance(v, int), "an integer"),
+        "seed": ConfigField(0, "seed of the source split and of the digits drawn for each image",
+                            lambda v: isinstance(v, int), "an integer"),
     }
-    train_defaults = {"epochs": 10, "batch_size": 256, "lr": 1e-3, "optimizer": "adam"}
+
+    def draw_sources(self, pool: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+        """``[n, len(digit_tasks)]`` source-digit indices from ``pool``, one row per image."""
+        raise NotImplementedError
+
+    def compose(self, digits: Sequence[np.ndarray]) -> np.ndarray:
+        """One ``[N, 28, 28]`` uint8 array per task -> ``[N, image_size, image_size]`` uint8 images."""
+        raise NotImplementedError
 
     @property
     def tasks(self) -> list[TaskSpec]:
         return [TaskSpec(name, F.cross_entropy, (Accuracy,), primary="acc", hv_reference=1.0)
-                for name in ("left", "right")]
+                for name in self.digit_tasks]
 
     def write_data(self, out_dir: Path) -> dict[str, Any]:
         cfg = self.config
         images, labels, sources, pools, rng = source_pools(cfg)
         sizes = {"train": cfg["n_train"], "val": cfg["n_val"], "test": cfg["n_test"]}
         for split in SPLITS:
-            pool = pools[split]
-            left = rng.choice(pool, size=sizes[split])
-            right = rng.choice(pool, size=sizes[split])
-            canvas = overlay(images[left], images[right])
+            index = self.draw_sources(pools[split], sizes[split], rng)
+            canvas = self.compose([images[index[:, i]] for i in range(len(self.digit_tasks))])
             torch.save({"images": torch.from_numpy(canvas).unsqueeze(1).contiguous(),
-                        "labels": torch.from_numpy(np.stack([labels[left], labels[right]], axis=1)).contiguous(),
-                        "source_index": torch.from_numpy(np.stack([left, right], axis=1)).contiguous()},
-                       out_dir / f"{split}.pt")
+                        "labels": torch.from_numpy(labels[index]).contiguous(),
+                        "source_index": torch.from_numpy(index).contiguous()}, out_dir / f"{split}.pt")
         return {"sources": sources, "source_digits": {k: int(len(v)) for k, v in pools.items()},
-                "sizes": sizes, "image_shape": [1, CANVAS, CANVAS]}
+                "sizes": sizes, "image_shape": [1, self.image_size, self.image_size]}
 
     def read_splits(self, data_dir: Path) -> dict[str, Dataset]:
         splits = {}
-        fix = f"re-run `mtlflow prepare --benchmark multimnist --out {data_dir}`"
+        fix = f"re-run `mtlflow prepare --benchmark {self.name} --out {data_dir}`"
+        n_digits = len(self.digit_tasks)
         for split in SPLITS:
-            blob = load_tensor_file(data_dir / f"{split}.pt", f"MultiMNIST {split} split", fix)
+            blob = load_tensor_file(data_dir / f"{split}.pt", f"{self.name} {split} split", fix)
             images, labels = blob.get("images"), blob.get("labels")
-            if images is None or labels is None or images.ndim != 4 or labels.ndim != 2 or labels.shape[1] != 2:
-                raise DataError(f"MultiMNIST {split} split in {data_dir} has the wrong shape; {fix}")
-            x = images.float().div_(255.0)
-            splits[split] = MultiTaskTensorDataset(x, [labels[:, 0], labels[:, 1]])
+            if (images is None or labels is None or images.ndim != 4 or labels.ndim != 2
+                    or labels.shape[1] != n_digits):
+                raise DataError(f"{self.name} {split} split in {data_dir} has the wrong shape; {fix}")
+            splits[split] = MultiTaskTensorDataset(images.float().div_(255.0), list(labels.unbind(dim=1)))
         return splits
+
+
+class MultiMNIST(OverlaidDigitsBenchmark):
+    name = "multimnist"
+    description = "Two overlaid real MNIST digits (36x36); tasks: left digit, right digit (Sener & Koltun 2018)"
+    digit_tasks = ("left", "right")
+    image_size = CANVAS
+    train_defaults = {"epochs": 10, "batch_size": 256, "lr": 1e-3, "optimizer": "adam"}
+
+    def draw_sources(self, pool: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+        left = rng.choice(pool, size=n)
+        right = rng.choice(pool, size=n)
+        return np.stack([left, right], axis=1)
+
+    def compose(self, digits: Sequence[np.ndarray]) -> np.ndarray:
+        return overlay(*digits)
 
     def make_model(self, task_names: Sequence[str] | None = None) -> MultiTaskModel:
         names = [t.name for t in self.select_tasks(task_names)]

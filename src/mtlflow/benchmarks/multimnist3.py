@@ -20,12 +20,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset
 
-from mtlflow.benchmarks.base import Benchmark, ConfigField, MultiTaskTensorDataset, load_tensor_file
-from mtlflow.benchmarks.multimnist import DIGIT, SPLITS, fraction, positive_int, source_pools
+from mtlflow.benchmarks.multimnist import DIGIT, OverlaidDigitsBenchmark
 from mtlflow.core.errors import DataError
-from mtlflow.metrics.task import Accuracy, TaskSpec
 from mtlflow.models.base import MultiTaskModel
 from mtlflow.models.lenet import LeNetTrunk, classification_head
 
@@ -60,51 +57,22 @@ def distinct_triples(pool: np.ndarray, n: int, rng: np.random.Generator) -> np.n
     return out
 
 
-class MultiMNIST3(Benchmark):
+class MultiMNIST3(OverlaidDigitsBenchmark):
     name = "multimnist3"
     description = "Three overlaid real MNIST digits (42x42 -> 28x28); tasks: top-left, bottom-middle, top-right"
-    config_fields = {
-        "n_train": ConfigField(10_000, "training images", positive_int, "a positive integer"),
-        "n_val": ConfigField(1_000, "validation images", positive_int, "a positive integer"),
-        "n_test": ConfigField(2_000, "test images", positive_int, "a positive integer"),
-        "val_fraction": ConfigField(0.1, "share of source digits reserved for validation", fraction, "in (0, 1)"),
-        "test_fraction": ConfigField(0.2, "share of source digits reserved for test", fraction, "in (0, 1)"),
-        "mnist_dir": ConfigField(None, "optional MNIST IDX folder whose digits are added to the pool",
-                                 lambda v: v is None or isinstance(v, str), "a folder path"),
-        "seed": ConfigField(0, "seed of the source split and of the triples", lambda v: isinstance(v, int),
-                            "an integer"),
-    }
+    digit_tasks = tuple(POSITIONS)
+    image_size = SIZE
     train_defaults = {"epochs": 20, "batch_size": 256, "lr": 1e-3, "optimizer": "adam"}
     cpu_smoke = {"options": {"n_train": 512, "n_val": 128, "n_test": 128}, "train": {"epochs": 1, "batch_size": 64}}
 
-    @property
-    def tasks(self) -> list[TaskSpec]:
-        return [TaskSpec(name, F.cross_entropy, (Accuracy,), primary="acc", hv_reference=1.0) for name in POSITIONS]
+    def draw_sources(self, pool: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+        return distinct_triples(pool, n, rng)
+
+    def compose(self, digits: Sequence[np.ndarray]) -> np.ndarray:
+        return overlay_three(digits)
 
     def write_data(self, out_dir: Path) -> dict[str, Any]:
-        cfg = self.config
-        images, labels, sources, pools, rng = source_pools(cfg)
-        sizes = {"train": cfg["n_train"], "val": cfg["n_val"], "test": cfg["n_test"]}
-        for split in SPLITS:
-            triples = distinct_triples(pools[split], sizes[split], rng)
-            canvas = overlay_three([images[triples[:, i]] for i in range(3)])
-            torch.save({"images": torch.from_numpy(canvas).unsqueeze(1).contiguous(),
-                        "labels": torch.from_numpy(labels[triples]).contiguous(),
-                        "source_index": torch.from_numpy(triples).contiguous()}, out_dir / f"{split}.pt")
-        return {"sources": sources, "source_digits": {k: int(len(v)) for k, v in pools.items()},
-                "sizes": sizes, "image_shape": [1, SIZE, SIZE], "canvas": CANVAS,
-                "positions": {k: list(v) for k, v in POSITIONS.items()}}
-
-    def read_splits(self, data_dir: Path) -> dict[str, Dataset]:
-        splits = {}
-        fix = f"re-run `mtlflow prepare --benchmark multimnist3 --out {data_dir}`"
-        for split in SPLITS:
-            blob = load_tensor_file(data_dir / f"{split}.pt", f"MultiMNIST-3 {split} split", fix)
-            images, labels = blob.get("images"), blob.get("labels")
-            if images is None or labels is None or images.ndim != 4 or labels.ndim != 2 or labels.shape[1] != 3:
-                raise DataError(f"MultiMNIST-3 {split} split in {data_dir} has the wrong shape; {fix}")
-            splits[split] = MultiTaskTensorDataset(images.float().div_(255.0), list(labels.unbind(dim=1)))
-        return splits
+        return {**super().write_data(out_dir), "canvas": CANVAS, "positions": {k: list(v) for k, v in POSITIONS.items()}}
 
     def make_model(self, task_names: Sequence[str] | None = None) -> MultiTaskModel:
         names = [t.name for t in self.select_tasks(task_names)]

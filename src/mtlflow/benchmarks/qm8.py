@@ -24,7 +24,6 @@ class QM8(MoleculeNetBenchmark):
     label_columns = TARGETS
     standardise_targets = True
     train_defaults = {"epochs": 100, "batch_size": 128, "lr": 1e-3, "optimizer": "adam"}
-    cpu_smoke = {"options": {"n_molecules": 600}, "train": {"epochs": 2, "batch_size": 64}}
 
     @property
     def tasks(self) -> list[TaskSpec]:

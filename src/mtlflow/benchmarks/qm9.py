@@ -32,20 +32,18 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 
 from mtlflow.benchmarks._graphs import (
-    SPLIT_FILE,
     GraphBenchmark,
     GraphDataset,
-    load_store,
+    load_graph_data,
     pack_graphs,
     random_split_ids,
     read_split,
-    rows_of,
-    standardise,
-    write_split,
+    save_graph_data,
+    standardised_targets,
+    training_statistics,
 )
 from mtlflow.benchmarks._molgraphs import (
     QM9_NODE_FEATURES,
@@ -56,7 +54,7 @@ from mtlflow.benchmarks._molgraphs import (
 from mtlflow.benchmarks._molnet import verify_realdata_file
 from mtlflow.benchmarks.base import ConfigField, PublishedReferences
 from mtlflow.core.errors import DataError
-from mtlflow.metrics.regression import MAE, standardised_mse, with_scale
+from mtlflow.metrics.regression import MAE, standardised_mse
 from mtlflow.metrics.task import TaskSpec
 from mtlflow.models.base import MultiTaskModel
 
@@ -231,15 +229,12 @@ class QM9(GraphBenchmark):
         y = np.stack([targets[n] for n in names], axis=1)
         store = pack_graphs(graphs, y, ids)
         store["target_names"] = names  # type: ignore[assignment]
-        torch.save(store, out_dir / "graphs.pt")
         split = self._split(ids)
-        write_split(out_dir / SPLIT_FILE, split, None if cfg["split_file"] else cfg["seed"],
-                    f"from {cfg['split_file']}" if cfg["split_file"] else
-                    "seeded shuffle; test = first n_test, val = next n_val, train = rest")
-        train_rows = rows_of(store, split, FIX)["train"]
-        _, mean, std = standardise(store["y"], train_rows)
+        save_graph_data(out_dir, store, split, None if cfg["split_file"] else cfg["seed"],
+                        f"from {cfg['split_file']}" if cfg["split_file"] else
+                        "seeded shuffle; test = first n_test, val = next n_val, train = rest")
         stats = {"names": names, "units": {n: TARGETS[n][0] for n in names},
-                 "train_mean": dict(zip(names, mean)), "train_std": dict(zip(names, std)),
+                 **training_statistics(store, split, names, FIX),
                  "note": "targets are standardised with these training statistics; MAE is reported in the units"}
         (out_dir / "targets.json").write_text(json.dumps(stats, indent=2) + "\n")
         return {"source": source, "molecules": len(ids), "split_sizes": {k: len(v) for k, v in split.items()},
@@ -320,16 +315,13 @@ class QM9(GraphBenchmark):
 
     # -- loading ------------------------------------------------------------------------------
     def read_splits(self, data_dir: Path) -> dict[str, Dataset]:
-        store = load_store(data_dir, "QM9", FIX)
-        split = read_split(data_dir / SPLIT_FILE, FIX)
-        rows = rows_of(store, split, FIX)
+        store, rows = load_graph_data(data_dir, "QM9", FIX)
         names = list(store.get("target_names", list(TARGETS)))
         missing = [t for t in self.target_names if t not in names]
         if missing:
             raise DataError(f"QM9 data in {data_dir} lacks target(s) {missing}; {FIX}")
         columns = [names.index(t) for t in self.target_names]
-        y, _, std = standardise(store["y"][:, columns], rows["train"])
-        targets = with_scale(y, torch.tensor(std))
+        targets = standardised_targets(store["y"][:, columns], rows["train"])
         return {name: GraphDataset(store, rows[name], targets, complete=True) for name in rows}
 
     def make_model(self, task_names: Sequence[str] | None = None) -> MultiTaskModel:

@@ -25,8 +25,6 @@ class SCM20D(TabularBenchmark):
     realdata_file = ("mtr", "scm20d.arff")
     regression = True
     n_features = 61
-    train_defaults = {"epochs": 100, "batch_size": 128, "lr": 1e-3, "optimizer": "adam"}
-    cpu_smoke = {"options": {}, "train": {"epochs": 2, "batch_size": 256}}
 
     @property
     def tasks(self) -> list[TaskSpec]:

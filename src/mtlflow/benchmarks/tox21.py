@@ -25,7 +25,6 @@ class Tox21(MoleculeNetBenchmark):
     label_columns = ASSAYS
     standardise_targets = False
     train_defaults = {"epochs": 50, "batch_size": 128, "lr": 1e-3, "optimizer": "adam"}
-    cpu_smoke = {"options": {"n_molecules": 600}, "train": {"epochs": 2, "batch_size": 64}}
 
     @property
     def tasks(self) -> list[TaskSpec]:

@@ -41,8 +41,6 @@ class Yeast(TabularBenchmark):
     realdata_file = ("mlc", "yeast.orig.arff.gz")
     regression = False
     n_features = 103
-    train_defaults = {"epochs": 100, "batch_size": 128, "lr": 1e-3, "optimizer": "adam"}
-    cpu_smoke = {"options": {}, "train": {"epochs": 2, "batch_size": 256}}
 
     @property
     def tasks(self) -> list[TaskSpec]:

@@ -71,8 +71,8 @@ def validate_scheduler(name: str, options: Mapping[str, Any]) -> None:
 class RunConfig:
     """Everything that determines a training run (stored whole in ``run.json``).
 
-    Build it with :meth:`from_mapping` (validated) or construct it and call :meth:`validate`; the
-    trainer validates the config it is given."""
+    Every instance is valid: construction (also through :meth:`from_mapping` or ``dataclasses.replace``)
+    runs :meth:`validate`, the one place each option is checked."""
 
     method: str = option("ls", "the MTL method (see `mtlflow methods`)")
     hparams: dict[str, Any] = option(help="the method's hyper-parameters (see `mtlflow methods`)", factory=dict,
@@ -114,6 +114,9 @@ class RunConfig:
                                       "heads) or normal (NORMAL's neural ODE with task positions)")
     architecture_options: dict[str, Any] = option(help="architecture options, e.g. step_size=0.05", factory=dict)
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     # -- construction ---------------------------------------------------------------------------
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str = "training options") -> RunConfig:
@@ -131,9 +134,7 @@ class RunConfig:
                     and not isinstance(value, bool):
                 value = float(value)
             converted[name] = value
-        config = cls(**converted)
-        config.validate()
-        return config
+        return cls(**converted)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,7 +1,8 @@
-"""Hyper-parameters: a default, a help text and the constraint a value must satisfy.
+"""Hyper-parameters and configuration fields: a default, a help text and the constraint a value must satisfy.
 
 Methods declare theirs as ``hparams = {name: HParam(...)}``; models with options (NORMAL) use the same
-type, so one validation and one error message serve every entry point.
+type, so one validation and one error message serve every entry point. Benchmarks declare their
+preparation options as :class:`ConfigField` (an ``HParam`` without the type coercion).
 """
 
 from __future__ import annotations
@@ -14,13 +15,22 @@ from mtlflow.core.errors import InvalidParameterError
 
 
 @dataclass(frozen=True)
-class HParam:
-    """A hyper-parameter: default, help text and the constraint it must satisfy."""
+class ConfigField:
+    """A setting: default, help text and the constraint it must satisfy (``requirement`` says it in words)."""
 
     default: Any
     help: str
     check: Callable[[Any], bool] | None = None
     requirement: str = ""
+
+    def accepts(self, value: Any) -> bool:
+        return self.check is None or self.check(value)
+
+
+@dataclass(frozen=True)
+class HParam(ConfigField):
+    """A hyper-parameter: a setting whose value :meth:`coerce` also checks against a type."""
+
     kind: type | None = None
 
     def coerce(self, method: str, name: str, value: Any) -> Any:
@@ -34,7 +44,7 @@ class HParam:
                 f"{method}: hyper-parameter {name}={value!r} must be of type {kind.__name__}")
         if isinstance(value, float) and not math.isfinite(value):
             raise InvalidParameterError(f"{method}: hyper-parameter {name}={value!r} must be finite")
-        if self.check is not None and not self.check(value):
+        if not self.accepts(value):
             raise InvalidParameterError(
                 f"{method}: hyper-parameter {name}={value!r} is invalid; it must be {self.requirement}")
         return value

@@ -2,6 +2,7 @@
 subclass of a base class with a ``name`` attribute is registered under that name.
 
 One file per method (or benchmark) is therefore all it takes to add one; no central list to edit.
+:func:`lookup` gives every registry the same error for an unknown name.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import importlib
 import inspect
 import pkgutil
 from types import ModuleType
-from typing import TypeVar
+from typing import Mapping, TypeVar
+
+from mtlflow.core.errors import UnknownNameError
 
 T = TypeVar("T", bound=type)
 
@@ -29,3 +32,11 @@ def discover(package: ModuleType, base: type, skip: tuple[str, ...] = ()) -> dic
                                        f"{found[obj.name].__qualname__} and {obj.__qualname__}")
                 found[obj.name] = obj
     return found
+
+
+def lookup(registry: Mapping[str, T], kind: str, name: str) -> T:
+    """``registry[name]``, or an UnknownNameError naming ``kind`` and listing the valid names."""
+    try:
+        return registry[name]
+    except KeyError:
+        raise UnknownNameError(kind, name, sorted(registry)) from None

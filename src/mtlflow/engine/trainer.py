@@ -139,7 +139,6 @@ class Trainer:
 
     def __init__(self, bench: Benchmark, data: BenchmarkData, config: RunConfig, out_dir: str | Path,
                  progress: bool = True, callbacks: Sequence[Callback] = ()):
-        config.validate()
         self.bench, self.data, self.config = bench, data, config
         self.out_dir = Path(out_dir)
         self.progress = progress

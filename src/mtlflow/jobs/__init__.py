@@ -34,12 +34,17 @@ def prepare(benchmark: str, out_dir: str | Path, overwrite: bool = False, **conf
         return bench.prepare(out_dir)
 
 
-def load_prepared(data_dir: str | Path, verify: bool = True, expected_hash: str | None = None):
-    """Benchmark object and loaded splits of a prepared data directory."""
-    manifest = read_manifest(data_dir)
+def check_expected_hash(data_dir: str | Path, manifest: Mapping[str, Any], expected_hash: str | None) -> None:
+    """Refuse data whose manifest hash is not the one a run was configured with (None: any)."""
     if expected_hash is not None and manifest["content_hash"] != expected_hash:
         raise DataError(f"data in {data_dir} has hash {manifest['content_hash'][:12]}, expected "
                         f"{expected_hash[:12]}; use the data version the run was configured with")
+
+
+def load_prepared(data_dir: str | Path, verify: bool = True, expected_hash: str | None = None):
+    """Benchmark object and loaded splits of a prepared data directory."""
+    manifest = read_manifest(data_dir)
+    check_expected_hash(data_dir, manifest, expected_hash)
     bench = benchmarks.build(manifest["benchmark"], **manifest.get("config", {}))
     return bench, bench.load(data_dir, verify=verify)
 
@@ -92,7 +97,8 @@ def train(data_dir: str | Path, out_dir: str | Path, method: str = "ls", seed: i
     methods.build(method, len(selected), **hparams)  # validate early, before loading data
     config = train_config(bench.train_defaults, method=method, seed=seed, hparams=hparams,
                           tasks=task_names, **overrides)
-    _, data = load_prepared(data_dir, expected_hash=expected_hash)
+    check_expected_hash(data_dir, manifest, expected_hash)
+    data = bench.load(data_dir)
     with run_dir_guard(out_dir, resume=resume, overwrite=overwrite, main_process=main_process):
         trainer = Trainer(bench, data, config, out_dir, progress=progress, callbacks=callbacks)
         result = trainer.fit(resume=resume)

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mtlflow.core.errors import UnknownNameError
 from mtlflow.core.hparams import HParam
+from mtlflow.core.registry import discover, lookup
 from mtlflow.methods.base import GradientMethod, GradInput, GramianWeighting, LossWeighting, Method, StepContext
 
 __all__ = ["Method", "LossWeighting", "GradientMethod", "GramianWeighting", "GradInput", "HParam",
@@ -30,7 +30,6 @@ def _registry() -> dict[str, type[Method]]:
     global _REGISTRY
     if _REGISTRY is None:
         import mtlflow.methods as package
-        from mtlflow.core.registry import discover
 
         _REGISTRY = discover(package, Method, skip=("base", "solvers"))
     return _REGISTRY
@@ -52,10 +51,7 @@ def available() -> list[str]:
 
 
 def get(name: str) -> type[Method]:
-    try:
-        return _registry()[name]
-    except KeyError:
-        raise UnknownNameError("method", name, available()) from None
+    return lookup(_registry(), "method", name)
 
 
 def build(name: str, n_tasks: int, **hparams: Any) -> Method:

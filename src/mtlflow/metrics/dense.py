@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mtlflow.metrics.task import Metric
+from mtlflow.metrics.task import Metric, StreamingMean
 
 #: Width of the histogram bins of the normal-angle median, in degrees.
 ANGLE_BIN_DEGREES = 0.005
@@ -110,25 +110,16 @@ def segmentation_metrics(n_classes: int) -> tuple[type[Metric], type[Metric]]:
 
 # -- depth --------------------------------------------------------------------------------------
 
-class _DepthError(Metric):
+class _DepthError(StreamingMean):
     higher_is_better = False
-
-    def reset(self) -> None:
-        self.sum = 0.0
-        self.count = 0
 
     def _errors(self, pred: Tensor, target: Tensor) -> Tensor:
         raise NotImplementedError
 
     def update(self, pred: Tensor, target: Tensor) -> None:
         mask = depth_valid_mask(target)
-        errors = self._errors(pred.float().expand_as(target)[mask.expand_as(target)],
-                              target.float()[mask.expand_as(target)])
-        self.sum += float(errors.sum())
-        self.count += int(errors.numel())
-
-    def compute(self) -> float:
-        return self.sum / max(self.count, 1)
+        self.add(self._errors(pred.float().expand_as(target)[mask.expand_as(target)],
+                              target.float()[mask.expand_as(target)]))
 
 
 class DepthAbsoluteError(_DepthError):
@@ -155,19 +146,17 @@ def normal_angles(pred: Tensor, target: Tensor) -> Tensor:
     return torch.rad2deg(torch.acos(cos[mask]))
 
 
-class _NormalAngleMetric(Metric):
-    """Keeps the sum, the count and a histogram of the angles."""
+class _NormalAngleMetric(StreamingMean):
+    """Keeps the sum, the count and a histogram of the angles; computes their mean unless overridden."""
 
     def reset(self) -> None:
-        self.sum = 0.0
-        self.count = 0
+        super().reset()
         self.histogram = torch.zeros(_ANGLE_BINS, dtype=torch.int64)
         self.within: dict[float, int] = {}
 
     def update(self, pred: Tensor, target: Tensor) -> None:
         angles = normal_angles(pred, target).cpu().double()
-        self.sum += float(angles.sum())
-        self.count += int(angles.numel())
+        self.add(angles)
         bins = torch.clamp((angles / ANGLE_BIN_DEGREES).floor().long(), 0, _ANGLE_BINS - 1)
         self.histogram += torch.bincount(bins, minlength=_ANGLE_BINS)
         for threshold in self.thresholds():
@@ -180,9 +169,6 @@ class _NormalAngleMetric(Metric):
 class NormalAngleMean(_NormalAngleMetric):
     name = "angle_mean"
     higher_is_better = False
-
-    def compute(self) -> float:
-        return self.sum / max(self.count, 1)
 
 
 class NormalAngleMedian(_NormalAngleMetric):

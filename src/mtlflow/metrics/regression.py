@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from mtlflow.metrics.task import Metric
+from mtlflow.metrics.task import StreamingMean
 
 
 def _split(pred: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -35,19 +35,12 @@ def standardised_mse(pred: Tensor, target: Tensor) -> Tensor:
     return diff.pow(2).sum() / mask.sum().clamp_min(1)
 
 
-class _OriginalUnitError(Metric):
+class _OriginalUnitError(StreamingMean):
     higher_is_better = False
-
-    def reset(self) -> None:
-        self.sum = 0.0
-        self.count = 0
 
     def _errors(self, pred: Tensor, target: Tensor) -> Tensor:
         p, y, s, _ = _split(pred, target)
         return (p.double() - y.double()) * s.double()
-
-    def compute(self) -> float:
-        return self.sum / max(self.count, 1)
 
 
 class MAE(_OriginalUnitError):
@@ -56,9 +49,7 @@ class MAE(_OriginalUnitError):
     name = "mae"
 
     def update(self, pred: Tensor, target: Tensor) -> None:
-        errors = self._errors(pred, target)
-        self.sum += float(errors.abs().sum())
-        self.count += int(errors.numel())
+        self.add(self._errors(pred, target).abs())
 
 
 class RMSE(_OriginalUnitError):
@@ -67,12 +58,10 @@ class RMSE(_OriginalUnitError):
     name = "rmse"
 
     def update(self, pred: Tensor, target: Tensor) -> None:
-        errors = self._errors(pred, target)
-        self.sum += float(errors.pow(2).sum())
-        self.count += int(errors.numel())
+        self.add(self._errors(pred, target).pow(2))
 
     def compute(self) -> float:
-        return math.sqrt(self.sum / max(self.count, 1))
+        return math.sqrt(super().compute())
 
 
 def with_scale(standardised: Tensor, scale: Tensor) -> Tensor:

@@ -56,38 +56,38 @@ class Accuracy(CountingAccuracy):
         self.total += int(target.numel())
 
 
-class MeanAbsoluteError(Metric):
-    name = "mae"
-    higher_is_better = False
+class StreamingMean(Metric):
+    """The mean of per-element values pooled over every batch of the split; ``update`` passes each
+    batch's values to :meth:`add`. 0 before any value."""
 
     def reset(self) -> None:
         self.sum = 0.0
         self.count = 0
 
-    def update(self, pred: Tensor, target: Tensor) -> None:
-        self.sum += float((pred.reshape(target.shape) - target).abs().sum())
-        self.count += int(target.numel())
+    def add(self, values: Tensor) -> None:
+        self.sum += float(values.sum())
+        self.count += int(values.numel())
 
     def compute(self) -> float:
         return self.sum / max(self.count, 1)
 
 
-class ObjectiveValue(Metric):
+class MeanAbsoluteError(StreamingMean):
+    name = "mae"
+    higher_is_better = False
+
+    def update(self, pred: Tensor, target: Tensor) -> None:
+        self.add((pred.reshape(target.shape) - target).abs())
+
+
+class ObjectiveValue(StreamingMean):
     """The mean of the prediction itself: for analytic problems whose 'prediction' is the loss."""
 
     name = "value"
     higher_is_better = False
 
-    def reset(self) -> None:
-        self.sum = 0.0
-        self.count = 0
-
     def update(self, pred: Tensor, target: Tensor) -> None:
-        self.sum += float(pred.detach().sum())
-        self.count += int(pred.numel())
-
-    def compute(self) -> float:
-        return self.sum / max(self.count, 1)
+        self.add(pred.detach())
 
 
 def metric_error(value: float, higher_is_better: bool, unit_interval: bool) -> float:
