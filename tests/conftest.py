@@ -34,6 +34,14 @@ MULTIMNIST_SIZES = {"n_train": 10_000, "n_val": 500, "n_test": 1_000}
 SMALL_SIZES = {"n_train": 256, "n_val": 64, "n_test": 64}
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """tests/integration/ and tests/deploy/ carry their folder's marker (`-m "not integration"` runs the unit tests)."""
+    for item in items:
+        folder = Path(str(item.fspath)).relative_to(REPO_ROOT).parts[:2]
+        if folder in (("tests", "integration"), ("tests", "deploy")):
+            item.add_marker(folder[1])
+
+
 @pytest.fixture(autouse=True)
 def drop_dead_log_handlers() -> None:
     """Remove root-logger handlers whose stream a previous test's output capture closed.

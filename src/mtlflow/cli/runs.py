@@ -21,7 +21,7 @@ from mtlflow.cli.common import (
 from mtlflow.config.run import RunConfig, parse_hparams
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.seeding import seed_arg
-from mtlflow.jobs.cache import cache_path, cached_data_dir, default_cache_dir
+from mtlflow.jobs.cache import cache_path
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
@@ -33,71 +33,46 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from mtlflow import benchmarks, jobs, methods
-    from mtlflow.core.outputs import check_output_dir, stale_run_files
-
-    check_data_source(args)
-    given = run_options(args)
-    args.method = given.pop("method", RunConfig.method)
-    args.seed = given.pop("seed", RunConfig.seed)
-    args.tasks = given.pop("tasks", None)
-    hparams = parse_hparams(given.pop("hparams", {}), [args.method]).get(args.method, {})
-    overrides = given
-    if args.dry_run:
-        return _dry_run(args, hparams, overrides)
-    if args.out is None:
-        raise InvalidParameterError("give --out DIR, the run directory")
+    from mtlflow import jobs
     from mtlflow.engine import distributed
-
-    check_output_dir(args.out, "--out")
-    if distributed.is_main_process():  # under torchrun rank 0 owns the run directory (see jobs.train)
-        stale_run_files(args.out, args.resume, args.overwrite)
-    if args.data is None:
-        # reject bad input before preparing any data
-        default_cache_dir()
-        bench = benchmarks.build(args.benchmark, **bench_config(args))
-        selected = bench.select_tasks(jobs.parse_tasks(args.tasks, bench.task_names))
-        methods.build(args.method, len(selected), **jobs.resolved_hparams(bench, args.method, hparams))
-        jobs.train_config(bench.train_defaults, method=args.method, **overrides)
-        if args.teleport:
-            from mtlflow.teleport import check_benchmark
-
-            check_benchmark(bench, [t.name for t in selected], args.teleport, overrides["teleport_options"])
     from mtlflow.ops.observability import resolve_pushgateway, training_exporters
 
+    check_data_source(args)
+    request = train_request(args)
+    if args.dry_run:
+        return _dry_run(args, request)
+    if args.out is None:
+        raise InvalidParameterError("give --out DIR, the run directory")
     gateway = resolve_pushgateway(args.pushgateway)  # a malformed address is rejected before any data work
-    if args.nproc not in (None, 1) and "RANK" not in os.environ:  # not yet under torchrun
+    if args.nproc not in (None, 1) and "RANK" not in os.environ:  # not yet under torchrun: check, then relaunch
+        jobs.plan_train(**request)
         return subprocess.run(distributed.torchrun_command(args.nproc, args.argv)).returncode
-    data_dir = Path(args.data) if args.data else cached_data_dir(args.benchmark, bench_config(args))
     main_rank = distributed.is_main_process()  # under torchrun only rank 0 exports and prints
     with (training_exporters(gateway, args.metrics_port) if main_rank else contextlib.nullcontext([])) as callbacks:
-        result = jobs.train(data_dir, args.out, method=args.method, seed=args.seed, hparams=hparams,
-                            tasks=args.tasks, resume=args.resume, overwrite=args.overwrite,
-                            progress=not args.no_progress, callbacks=callbacks, **overrides)
-    final = result["final"]["test"]
+        result = jobs.train(out_dir=args.out, resume=args.resume, overwrite=args.overwrite,
+                            progress=not args.no_progress, callbacks=callbacks, **request)
     if main_rank:
-        print(json.dumps({"run_dir": args.out, "test": final}))
+        print(json.dumps({"run_dir": args.out, "test": result["final"]["test"]}))
     return 0
 
 
-def _dry_run(args: argparse.Namespace, hparams: dict[str, Any], overrides: dict[str, Any]) -> int:
+def train_request(args: argparse.Namespace) -> dict[str, Any]:
+    """The arguments of :func:`mtlflow.jobs.plan_train` / :func:`mtlflow.jobs.train` that `train` was given."""
+    given = run_options(args)
+    method = given.pop("method", RunConfig.method)
+    return {"data_dir": args.data, "benchmark": args.benchmark, "data_options": bench_config(args), "method": method,
+            "hparams": parse_hparams(given.pop("hparams", {}), [method]).get(method, {}), **given}
+
+
+def _dry_run(args: argparse.Namespace, request: dict[str, Any]) -> int:
     """Print the resolved configuration, parameter counts and a memory estimate; prepare and train nothing."""
-    from mtlflow import benchmarks, jobs
-    from mtlflow.benchmarks.base import read_manifest
+    from mtlflow import jobs
     from mtlflow.jobs.dryrun import describe_run, format_description
 
-    data_dir = Path(args.data) if args.data is not None else None
-    if data_dir is not None:
-        manifest = read_manifest(data_dir)
-        bench = benchmarks.build(manifest["benchmark"], **manifest.get("config", {}))
-    else:
-        bench = benchmarks.build(args.benchmark, **bench_config(args))
-        cached = cache_path(bench)
-        data_dir = cached if (cached / "manifest.json").is_file() else None
-    resolved = jobs.resolved_hparams(bench, args.method, hparams)
-    config = jobs.train_config(bench.train_defaults, method=args.method, seed=args.seed, hparams=resolved,
-                               tasks=jobs.parse_tasks(args.tasks, bench.task_names), **overrides)
-    info = describe_run(bench, config, resolved, data_dir)
+    plan = jobs.plan_train(**request)
+    data_dir = plan.data_dir or cache_path(plan.bench)
+    info = describe_run(plan.bench, plan.config, plan.config.hparams,
+                        data_dir if (data_dir / "manifest.json").is_file() else None)
     print(format_description(info))
     print(json.dumps(info, indent=2, default=str))
     return 0

@@ -26,6 +26,7 @@ import torch
 from mtlflow import methods as method_registry
 from mtlflow import teleport
 from mtlflow.core.errors import InvalidParameterError
+from mtlflow.core.seeding import check_seed
 from mtlflow.grad_engine import BACKENDS, GRAD_WRT
 from mtlflow.methods.base import needs_full_jacobian
 from mtlflow.metrics.selection import parse_selection
@@ -163,6 +164,7 @@ class RunConfig:
             value = getattr(self, f.name)
             if not _has_type(value, hints[f.name]):
                 bad(f"{f.name} must be {_describe_type(hints[f.name])}, got {value!r}")
+        check_seed(self.seed)
         if self.epochs < 1:
             bad(f"epochs must be a positive integer, got {self.epochs!r}")
         if self.batch_size < 1:

@@ -7,46 +7,26 @@ run the same code.
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from mtlflow import benchmarks, methods
-from mtlflow.benchmarks.base import read_manifest
+from mtlflow import benchmarks, methods, teleport
+from mtlflow.benchmarks.base import Benchmark, read_manifest
 from mtlflow.config.run import RunConfig, field_names
 from mtlflow.core import atomic
 from mtlflow.core.callbacks import Callback
 from mtlflow.core.errors import DataError, InvalidParameterError
 from mtlflow.engine.rundir import check_run_consistent, read_run, run_label
 from mtlflow.engine.trainer import Trainer, load_model
+from mtlflow.jobs.cache import cached_data
+from mtlflow.jobs.data import check_expected_hash, load_prepared, prepare
 
-
-def prepare(benchmark: str, out_dir: str | Path, overwrite: bool = False, **config: Any) -> dict[str, Any]:
-    """Build ``benchmark``'s data into ``out_dir``; returns the manifest (with ``content_hash``).
-
-    An existing prepared dataset in ``out_dir`` is replaced only with ``overwrite``; any other
-    non-empty directory is refused (see :func:`mtlflow.core.outputs.dataset_dir_guard`).
-    """
-    from mtlflow.core.outputs import check_output_dir, dataset_dir_guard
-
-    check_output_dir(out_dir, "--out")
-    bench = benchmarks.build(benchmark, **config)
-    with dataset_dir_guard(out_dir, overwrite=overwrite):
-        return bench.prepare(out_dir)
-
-
-def check_expected_hash(data_dir: str | Path, manifest: Mapping[str, Any], expected_hash: str | None) -> None:
-    """Refuse data whose manifest hash is not the one a run was configured with (None: any)."""
-    if expected_hash is not None and manifest["content_hash"] != expected_hash:
-        raise DataError(f"data in {data_dir} has hash {manifest['content_hash'][:12]}, expected "
-                        f"{expected_hash[:12]}; use the data version the run was configured with")
-
-
-def load_prepared(data_dir: str | Path, verify: bool = True, expected_hash: str | None = None):
-    """Benchmark object and loaded splits of a prepared data directory."""
-    manifest = read_manifest(data_dir)
-    check_expected_hash(data_dir, manifest, expected_hash)
-    bench = benchmarks.build(manifest["benchmark"], **manifest.get("config", {}))
-    return bench, bench.load(data_dir, verify=verify)
+#: The jobs' API (prepare and load_prepared live in :mod:`mtlflow.jobs.data`, read_run and run_label in
+#: :mod:`mtlflow.engine.rundir`; they are part of it).
+__all__ = ["TrainPlan", "aggregate", "build_references", "check_run_consistent", "evaluate", "load_prepared",
+           "paper_reference_table", "parse_tasks", "plan_train", "prepare", "read_run", "resolved_hparams",
+           "run_label", "summarise", "train", "train_config"]
 
 
 def resolved_hparams(bench, method: str, hparams: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -68,39 +48,69 @@ def train_config(bench_defaults: Mapping[str, Any], **overrides: Any) -> RunConf
     return RunConfig.from_mapping(values)
 
 
-def train(data_dir: str | Path, out_dir: str | Path, method: str = "ls", seed: int = 0,
-          hparams: Mapping[str, Any] | None = None, tasks: Sequence[str] | None = None,
-          resume: bool = False, progress: bool = True, expected_hash: str | None = None,
-          callbacks: Sequence[Callback] = (), overwrite: bool = False, **overrides: Any) -> dict[str, Any]:
-    """Train ``method`` on prepared data; writes the run directory ``out_dir``.
+@dataclass(frozen=True)
+class TrainPlan:
+    """A training request validated as a whole, before any data is read: the benchmark, the run's
+    configuration and where its prepared data is (None: prepared into the cache when training starts)."""
 
-    Hyper-parameters, options and the output path are validated before any data is loaded or model
-    built. An ``out_dir`` that already holds a run needs ``resume`` (continue from its checkpoint) or
-    ``overwrite`` (its result files are deleted first); the directory is locked while training
-    (:func:`mtlflow.core.outputs.run_dir_guard`). ``callbacks`` extend the trainer (e.g.
-    :class:`mtlflow.ops.observability.PrometheusExporter`).
+    bench: Benchmark
+    config: RunConfig
+    data_dir: Path | None
+
+
+def plan_train(data_dir: str | Path | None = None, benchmark: str | None = None,
+               data_options: Mapping[str, Any] | None = None, method: str = "ls", seed: int = 0,
+               hparams: Mapping[str, Any] | None = None, tasks: str | Sequence[str] | None = None,
+               **overrides: Any) -> TrainPlan:
+    """Validate everything a run depends on without reading its data: the benchmark (from the prepared
+    data's manifest, or by name with its preparation options), the tasks, the method's hyper-parameters
+    (the benchmark's defaults under the user's), the run configuration and whether COST fits the model."""
+    if data_dir is not None:
+        manifest = read_manifest(data_dir)
+        bench = benchmarks.build(manifest["benchmark"], **manifest.get("config", {}))
+    elif benchmark is not None:
+        bench = benchmarks.build(benchmark, **dict(data_options or {}))
+    else:
+        raise InvalidParameterError("give --benchmark NAME (data prepared into the cache) or --data DIR")
+    task_names = parse_tasks(tasks, bench.task_names)
+    selected = bench.select_tasks(task_names)
+    hparams = resolved_hparams(bench, method, hparams)
+    methods.build(method, len(selected), **hparams)
+    config = train_config(bench.train_defaults, method=method, seed=seed, hparams=hparams, tasks=task_names,
+                          **overrides)
+    teleport.check_benchmark(bench, [t.name for t in selected], config.teleport, config.teleport_options)
+    return TrainPlan(bench, config, None if data_dir is None else Path(data_dir))
+
+
+def train(data_dir: str | Path | None, out_dir: str | Path, method: str = "ls", seed: int = 0,
+          hparams: Mapping[str, Any] | None = None, tasks: str | Sequence[str] | None = None,
+          resume: bool = False, progress: bool = True, expected_hash: str | None = None,
+          callbacks: Sequence[Callback] = (), overwrite: bool = False, benchmark: str | None = None,
+          data_options: Mapping[str, Any] | None = None, **overrides: Any) -> dict[str, Any]:
+    """Train ``method`` on prepared data (``data_dir``), or on ``benchmark`` prepared with ``data_options``
+    into the cache (``data_dir=None``); writes the run directory ``out_dir``.
+
+    The whole request is validated (:func:`plan_train`) and the output path checked before any data is
+    prepared or loaded; the data is hashed once, when it is loaded. An ``out_dir`` that already holds a run
+    needs ``resume`` (continue from its checkpoint) or ``overwrite`` (its result files are deleted first);
+    the directory is locked while training (:func:`mtlflow.core.outputs.run_dir_guard`). ``callbacks``
+    extend the trainer (e.g. :class:`mtlflow.ops.observability.PrometheusExporter`).
     """
     from mtlflow.core.outputs import check_output_dir, run_dir_guard, stale_run_files
-    from mtlflow.core.seeding import check_seed
     from mtlflow.engine import distributed
 
     main_process = distributed.is_main_process()  # only rank 0 of a torchrun job claims and writes out_dir
     check_output_dir(out_dir, "--out")
     if main_process:
         stale_run_files(out_dir, resume, overwrite)  # refuse to touch an existing result before any work
-    check_seed(seed)
-    manifest = read_manifest(data_dir)
-    bench = benchmarks.build(manifest["benchmark"], **manifest.get("config", {}))
-    task_names = parse_tasks(tasks, bench.task_names)
-    selected = bench.select_tasks(task_names)
-    hparams = resolved_hparams(bench, method, hparams)
-    methods.build(method, len(selected), **hparams)  # validate early, before loading data
-    config = train_config(bench.train_defaults, method=method, seed=seed, hparams=hparams,
-                          tasks=task_names, **overrides)
-    check_expected_hash(data_dir, manifest, expected_hash)
-    data = bench.load(data_dir)
+    plan = plan_train(data_dir, benchmark, data_options, method, seed, hparams, tasks, **overrides)
+    if plan.data_dir is None:
+        data_dir, data = cached_data(plan.bench)
+    else:
+        check_expected_hash(data_dir, read_manifest(data_dir), expected_hash)
+        data = plan.bench.load(data_dir)
     with run_dir_guard(out_dir, resume=resume, overwrite=overwrite, main_process=main_process):
-        trainer = Trainer(bench, data, config, out_dir, progress=progress, callbacks=callbacks)
+        trainer = Trainer(plan.bench, data, plan.config, out_dir, progress=progress, callbacks=callbacks)
         result = trainer.fit(resume=resume)
     return {"run_dir": str(out_dir), **result}
 

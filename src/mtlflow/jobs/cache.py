@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mtlflow import benchmarks, jobs
-from mtlflow.benchmarks.base import Benchmark
+from mtlflow import benchmarks
+from mtlflow.benchmarks.base import Benchmark, BenchmarkData, read_manifest
 from mtlflow.core.errors import DataError
 from mtlflow.core.outputs import check_output_dir
 from mtlflow.engine.distributed import file_lock
+from mtlflow.jobs.data import load_prepared, prepare
 
 
 def default_cache_dir() -> Path:
@@ -35,8 +36,22 @@ def cached_data_dir(benchmark: str, config: dict[str, Any]) -> Path:
     # torchrun's processes wait here: one prepares, the others reuse (prepare takes its own lock inside)
     with file_lock(path.with_name(f".{path.name}.wait.lock")):
         try:
-            jobs.load_prepared(path)
+            load_prepared(path)
         except DataError:
             print(f"preparing {benchmark} data into {path}", file=sys.stderr)
-            jobs.prepare(benchmark, path, overwrite=True, **config)
+            prepare(benchmark, path, overwrite=True, **config)
     return path
+
+
+def cached_data(bench: Benchmark) -> tuple[Path, BenchmarkData]:
+    """``bench``'s data loaded from the cache (hashed once, when loaded), prepared first when it is absent
+    or damaged."""
+    path = cache_path(bench)
+    with file_lock(path.with_name(f".{path.name}.wait.lock")):
+        try:
+            read_manifest(path)
+            return path, bench.load(path)
+        except DataError:
+            print(f"preparing {bench.name} data into {path}", file=sys.stderr)
+            prepare(bench.name, path, overwrite=True, **bench.config)
+    return path, bench.load(path)

@@ -31,7 +31,7 @@ Solvers (``solver``):
   The ridge perturbs the non-conflict property by up to ``reg_eps`` · w_i · trace(G) per task, which
   is large next to a task with a small gradient: over 3,000 random three-task Jacobians with the third
   norm scaled by 10^U(-4, 0), min_i cos(g_i, d) reaches -0.96 (norms 0.71, 2.2, 3e-4; the case is in
-  tests/test_zoo_numerics.py), against ≥ +5e-7 for ``nnls`` and for ``reg_eps = 0``, which restores
+  tests/unit/methods/test_zoo_numerics.py), against ≥ +5e-7 for ``nnls`` and for ``reg_eps = 0``, which restores
   the property on full-rank Gramians but makes quadprog fail on singular ones (a duplicate task).
   Both solvers take ~0.9 ms for K = 10.
 

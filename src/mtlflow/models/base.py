@@ -45,7 +45,7 @@ class MultiTaskModel(nn.Module):
         """The parameters every task's output depends on: the trunk minus any task-specific trunk parameters.
 
         One definition for the gradient engine (per-task gradients), COST (adapters on the shared trunk
-        only, paper Fig. 4) and PaLoRA; ``tests/test_shared_parameters.py`` checks it against per-task
+        only, paper Fig. 4) and PaLoRA; ``tests/unit/benchmarks/test_shared_parameters.py`` checks it against per-task
         autograd reachability on every benchmark's model."""
         own = {id(p) for i in range(len(self.heads)) for p in self.trunk_task_parameters(i)}
         return [p for p in self.trunk.parameters() if p.requires_grad and id(p) not in own]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grimp
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_import_layers_hold():

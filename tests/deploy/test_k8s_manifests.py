@@ -18,7 +18,7 @@ from mtlflow.ops import k8s_jobs
 from mtlflow.ops.storage import VOLUMES, StorageLayout
 from mtlflow.pipelines import cluster
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
 K8S_VERSION = "1.32.0"
 CRD_KINDS = {"TrainingRuntime", "TrainJob", "PyTorchJob"}

@@ -99,11 +99,9 @@ def test_hparams_have_one_grammar():
         parse_hparams({"famo.": 0}, ["famo"])
 
 
-def test_one_training_run_validates_its_config_once_and_reads_its_data_once(multimnist_small, tmp_path,
-                                                                           monkeypatch):
-    """`jobs.train` on prepared data: one config validation, one benchmark object, one hash of the data,
-    and the method built twice at most (a validation before any data is read, then the trainer's)."""
-    from mtlflow import benchmarks, jobs, methods
+def count_calls(monkeypatch) -> dict[str, int]:
+    """Count config validations, benchmark objects built, data hashes and methods built from now on."""
+    from mtlflow import benchmarks, methods
     from mtlflow.benchmarks import base
 
     calls = {"validate": 0, "benchmark": 0, "hash": 0, "method": 0}
@@ -118,6 +116,33 @@ def test_one_training_run_validates_its_config_once_and_reads_its_data_once(mult
     monkeypatch.setattr(benchmarks, "build", counting("benchmark", benchmarks.build))
     monkeypatch.setattr(base, "file_hashes", counting("hash", base.file_hashes))
     monkeypatch.setattr(methods, "build", counting("method", methods.build))
+    return calls
+
+
+def test_one_training_run_validates_its_config_once_and_reads_its_data_once(multimnist_small, tmp_path,
+                                                                           monkeypatch):
+    """`jobs.train` on prepared data: one config validation, one benchmark object, one hash of the data,
+    and the method built twice at most (a validation before any data is read, then the trainer's)."""
+    from mtlflow import jobs
+
+    calls = count_calls(monkeypatch)
     jobs.train(multimnist_small, tmp_path / "run", method="fairgrad", epochs=1, batch_size=64, max_steps_per_epoch=1,
                progress=False)
+    assert calls == {"validate": 1, "benchmark": 1, "hash": 1, "method": 2}
+
+
+def test_train_command_on_cached_data_validates_once_and_hashes_once(tmp_path, monkeypatch):
+    """`mtlflow train --benchmark ...` with its data already in the cache: the same counts as jobs.train on a
+    data directory (the request is validated once, before the cache is looked at)."""
+    from conftest import SMALL_SIZES
+
+    from mtlflow.cli import main
+
+    monkeypatch.setenv("MTLFLOW_CACHE", str(tmp_path / "cache"))
+    options = [a for k, v in SMALL_SIZES.items() for a in ("--option", f"{k}={v}")]
+    argv = ["train", "--benchmark", "multimnist", *options, "--method", "fairgrad", "--epochs", "1",
+            "--batch-size", "64", "--max-steps-per-epoch", "1", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "first")]) == 0  # prepares the cache
+    calls = count_calls(monkeypatch)
+    assert main([*argv, "--out", str(tmp_path / "second")]) == 0
     assert calls == {"validate": 1, "benchmark": 1, "hash": 1, "method": 2}

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from prometheus_support import PROMTOOL, ensure_prometheus_binaries, parse_samples
 
-MONITORING = Path(__file__).resolve().parents[1] / "k8s" / "monitoring"
+MONITORING = Path(__file__).resolve().parents[2] / "k8s" / "monitoring"
 RULES = MONITORING / "prometheus" / "mtlflow.rules.yml"
 DASHBOARD = MONITORING / "grafana" / "mtlflow-dashboard.json"
 K8S_VERSION = "1.32.0"

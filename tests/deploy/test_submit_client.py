@@ -143,7 +143,7 @@ def test_ci_workflow_compiles_tests_and_submits_retrain_on_data_or_code_changes(
 
     import yaml
 
-    workflow = yaml.safe_load((Path(__file__).resolve().parents[1] / ".github" / "workflows" / "retrain.yml").read_text())
+    workflow = yaml.safe_load((Path(__file__).resolve().parents[2] / ".github" / "workflows" / "retrain.yml").read_text())
     triggers = workflow[True] if True in workflow else workflow["on"]  # YAML 1.1 reads `on` as True
     assert {"data/**", "src/**"} <= set(triggers["push"]["paths"])
     steps = [step.get("run", "") for job in workflow["jobs"].values() for step in job["steps"]]

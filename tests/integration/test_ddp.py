@@ -4,7 +4,7 @@ per-task Jacobian is averaged across ranks before combine) and a stateful one (F
 global losses, logits from the re-evaluated global losses); resume, rank-0-only outputs and refusals
 included.
 
-The file is also the torchrun worker: ``torchrun --nproc_per_node 2 tests/test_ddp.py DATA OUT`` runs
+The file is also the torchrun worker: ``torchrun --nproc_per_node 2 tests/integration/test_ddp.py DATA OUT`` runs
 :func:`worker` in each process.
 """
 
@@ -84,7 +84,7 @@ def ddp_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
     ddp, single = root / "ddp", root / "single"
     workers = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                                 str(Path(__file__).resolve()), str(data), str(ddp)],
-                               env=_env(), cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
+                               env=_env(), cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     try:
         for method, hparams, epochs in (("ls", None, 2), ("famo", None, 1), ("fairgrad", {"alpha": 2.0}, 1)):

@@ -1,0 +1,39 @@
+"""Prepared data: build a benchmark's data into a directory with a content hash, and load it back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from mtlflow import benchmarks
+from mtlflow.benchmarks.base import read_manifest
+from mtlflow.core.errors import DataError
+
+
+def prepare(benchmark: str, out_dir: str | Path, overwrite: bool = False, **config: Any) -> dict[str, Any]:
+    """Build ``benchmark``'s data into ``out_dir``; returns the manifest (with ``content_hash``).
+
+    An existing prepared dataset in ``out_dir`` is replaced only with ``overwrite``; any other
+    non-empty directory is refused (see :func:`mtlflow.core.outputs.dataset_dir_guard`).
+    """
+    from mtlflow.core.outputs import check_output_dir, dataset_dir_guard
+
+    check_output_dir(out_dir, "--out")
+    bench = benchmarks.build(benchmark, **config)
+    with dataset_dir_guard(out_dir, overwrite=overwrite):
+        return bench.prepare(out_dir)
+
+
+def check_expected_hash(data_dir: str | Path, manifest: Mapping[str, Any], expected_hash: str | None) -> None:
+    """Refuse data whose manifest hash is not the one a run was configured with (None: any)."""
+    if expected_hash is not None and manifest["content_hash"] != expected_hash:
+        raise DataError(f"data in {data_dir} has hash {manifest['content_hash'][:12]}, expected "
+                        f"{expected_hash[:12]}; use the data version the run was configured with")
+
+
+def load_prepared(data_dir: str | Path, verify: bool = True, expected_hash: str | None = None):
+    """Benchmark object and loaded splits of a prepared data directory."""
+    manifest = read_manifest(data_dir)
+    check_expected_hash(data_dir, manifest, expected_hash)
+    bench = benchmarks.build(manifest["benchmark"], **manifest.get("config", {}))
+    return bench, bench.load(data_dir, verify=verify)
