@@ -11,6 +11,7 @@ from mtlflow.cli.common import (
     add_data_options,
     add_run_options,
     bench_config,
+    check_data_source,
     csv_list,
     int_list,
     method_hparams,
@@ -96,13 +97,12 @@ ABLATION_RUN_OPTIONS = ("epochs", "batch_size", "lr", "max_steps_per_epoch", "se
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
-    from mtlflow import benchmarks, jobs, methods
+    from mtlflow import jobs
     from mtlflow.experiments.cost_ablation import run_ablation
     from mtlflow.teleport import validate
     from mtlflow.teleport.triggers import RULES
 
-    if args.data is None and args.benchmark is None:
-        raise InvalidParameterError("give --benchmark NAME (data prepared into the cache) or --data DIR")
+    check_data_source(args)
     if args.trigger not in RULES:
         raise InvalidParameterError(f"--trigger must be one of {', '.join(RULES)}, got {args.trigger!r}")
     options = parse_assignments(args.teleport_option, "--teleport-option")
@@ -110,10 +110,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     hparams = method_hparams(args, [args.method]).get(args.method, {})
     train_options = run_options(args, only=ABLATION_RUN_OPTIONS)
     seeds = seed_list(args.seeds)
-    if args.benchmark is not None:  # reject bad input before preparing any data
-        bench = benchmarks.build(args.benchmark, **bench_config(args))
-        methods.build(args.method, len(bench.task_names), **jobs.resolved_hparams(bench, args.method, hparams))
-        jobs.train_config(bench.train_defaults, method=args.method, **train_options)
+    # reject bad input before preparing any data: the base method's run, as every row trains it
+    jobs.plan_train(args.data, args.benchmark, bench_config(args), args.method, hparams=hparams, **train_options)
     data_dir = Path(args.data) if args.data else cached_data_dir(args.benchmark, bench_config(args))
     run_ablation(data_dir, args.out, method=args.method, hparams=hparams, seeds=seeds,
                  component_trigger=args.trigger, teleport_options=options, train_options=train_options,
