@@ -53,6 +53,7 @@ from mtlflow.jobs import resolved_hparams
 from mtlflow.methods.base import GramianWeighting
 from mtlflow.metrics.task import TaskSpec
 from mtlflow.models.base import MultiTaskModel
+from mtlflow.models.celeba_cnn import CelebACNN
 
 SYNTHETIC = "synthetic-celeba"
 ENGINE_ROWS = ("single", "plain-loop", *JACOBIAN_BACKENDS, "autogram", "representation")
@@ -60,29 +61,6 @@ ENGINE_ROWS = ("single", "plain-loop", *JACOBIAN_BACKENDS, "autogram", "represen
 O1_TARGET, SOLVER_TARGET, REPRESENTATION_TARGET = 1.05, 0.10, 1.3
 #: step-time ratios to LS that a method's paper claims (LDC-MTL Sec. 5.1: "at most a 1.11x increase")
 PAPER_STEP_TARGETS = {"ldcmtl": 1.11}
-
-
-class CelebACNN(nn.Module):
-    """7 conv layers (3x3, BatchNorm, ReLU; max-pool after the 2nd, 4th and 6th), global average
-    pooling, then 2 fully connected layers: the shared trunk of the CelebA setup."""
-
-    def __init__(self, width: int = 64):
-        super().__init__()
-        channels = [width, 2 * width, 2 * width, 4 * width, 4 * width, 8 * width, 8 * width]
-        layers: list[nn.Module] = []
-        cin = 3
-        for i, cout in enumerate(channels):
-            layers += [nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU()]
-            if i in (1, 3, 5):
-                layers.append(nn.MaxPool2d(2))
-            cin = cout
-        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
-        self.conv = nn.Sequential(*layers)
-        self.fc = nn.Sequential(nn.Linear(cin, 8 * width), nn.ReLU(), nn.Linear(8 * width, 8 * width), nn.ReLU())
-        self.out_features = 8 * width
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fc(self.conv(x))
 
 
 def _binary_loss(pred: Tensor, target: Tensor) -> Tensor:
@@ -106,7 +84,7 @@ class SyntheticCelebA(Benchmark):
 
     def make_model(self, task_names: Sequence[str] | None = None) -> MultiTaskModel:
         names = [t.name for t in self.select_tasks(task_names)]
-        trunk = CelebACNN(self.width)
+        trunk = CelebACNN(width=self.width)  # the network the celeba benchmark trains, at this width
         return MultiTaskModel(trunk, [nn.Linear(trunk.out_features, 1) for _ in names], names)
 
     def data(self, batch_size: int, seed: int = 0) -> BenchmarkData:
