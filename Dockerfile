@@ -4,7 +4,7 @@
 # project, and kfp 2.17.0 -- the kfp that compiles the pipelines. No secrets: DVC/S3 credentials
 # reach the pods as environment variables from the mtlflow-dvc-remote Secret at run time.
 #
-# Build and push (see README "Run on a cluster"):
+# Build and push (see docs/guides/kubeflow.md):
 #   make image IMAGE=registry.example.com/mtlflow/mtlflow-python:0.1.0 GIT_REV=$(git rev-parse HEAD)
 #   docker push registry.example.com/mtlflow/mtlflow-python:0.1.0
 # Offline / behind a TLS-intercepting proxy: pre-download the wheels on the host, then build

@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 
-.PHONY: install demo test test-deps compile clean image image-push mutation
+.PHONY: install demo test test-deps docs compile clean image image-push mutation
 
 # pip only: it is the one installer that sees the machine's local wheel cache (torch is a 5.5 GB CUDA build).
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml setup.py
@@ -20,8 +20,13 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/mtlflow pipeline run --local --params-file pipelines/demo.yaml --workdir demo
 
-test: install test-deps
+test: install test-deps docs
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# The documentation site, strict: a broken link, page or docstring reference fails the build (and `make test`).
+export NO_MKDOCS_2_WARNING := 1
+docs: install
+	$(VENV)/bin/mkdocs build --strict --quiet -d build/site
 
 # Debian's Prometheus Pushgateway and promtool for the observability tests (skipped when both exist).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -30,8 +35,8 @@ test-deps:
 	  $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus-pushgateway prometheus; }
 
-# Mutation testing of methods/, teleport/, pareto/, grad_engine/ and metrics/scoring.py (README "Mutation
-# testing"): hours on one core, so it runs before resolving an issue, not in CI. It resumes where it
+# Mutation testing of methods/, teleport/, pareto/, grad_engine/ and metrics/scoring.py
+# (docs/development/mutation-testing.md): hours on one core, so it runs before resolving an issue, not in CI. It resumes where it
 # stopped (MUTATION_ARGS="--stop-after 3600" bounds one sitting) and retests only changed functions.
 MUTATION_ARGS ?=
 mutation: install

@@ -1,5 +1,5 @@
 """``mtlflow bench`` on a tiny model: writes JSON and Markdown with the expected columns (no timing
-targets are asserted here; the command measures, the README reports)."""
+targets are asserted here; the command measures, docs/research/toy-and-bench.md reports)."""
 
 from __future__ import annotations
 

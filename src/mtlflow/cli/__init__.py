@@ -3,11 +3,13 @@
 Errors in user input end with one line ``mtlflow: error: ...`` on stderr and a non-zero exit code
 (2 for unknown names, invalid parameters and unusable output paths, 3 for missing or corrupt data,
 4 for NaN or infinite values, 5 for solver failures, 6 for an output directory another mtlflow
-process is writing, 130 for Ctrl-C, 143 for SIGTERM); README "Bad input" lists them.
+process is writing, 130 for Ctrl-C, 141 when the reader of its output went away, 143 for SIGTERM);
+docs/guides/cli.md ("Bad input") lists them.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from typing import Any, Sequence
@@ -47,6 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mtlflow: interrupted; resume with the same command and --resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `mtlflow ... | head`: the reader left; end quietly, as a shell tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -20,12 +20,12 @@ the aggregated values Σ_i λ_i F_i(x_j) are standardised over the N samples (h_
 μ_{t+1} = μ_t − (β/N) Σ_j (x_j − μ_t) h_j, Σ_{t+1}^{-1} = Σ_t^{-1} + (β/N) Σ_j Σ_t^{-1} diag((x_j − μ_t)²Σ_t^{-1}) h_j.
 The thesis recommends it "in practice, to avoid the scaling problem" without saying whether its
 experiments use it; with the raw update (Eq. 4.14) the precision Σ^{-1} turns negative as soon as
-2β·ΔF is large (Theorem 4.2 assumes Ĝ ⪰ 0), so it is the default here (see the README's measurements).
+2β·ΔF is large (Theorem 4.2 assumes Ĝ ⪰ 0), so it is the default here (see the measurements in docs/research/thesis.md).
 Both updates multiply each precision by a ratio (1 + 2β Σ λ_i ĥ_i, resp. 1 + (β/N) Σ_j z_j² h_j) that
 can reach ≤ 0 when the step overshoots (Theorem 4.2 assumes Ĝ_i ⪰ 0; small d with β = 0.5 triggers it).
 The thesis has no guard; here the ratio is floored at ``min_precision_ratio`` (0.1: a variance grows at
 most 10x per iteration; 0 turns the guard off and makes an overshoot an error) and ``clipped`` counts the
-coordinates where the floor acted (0 in every synthetic run of the README).
+coordinates where the floor acted (0 in every synthetic run of docs/research/thesis.md).
 ``weighting="equal"`` is the thesis' ASMG-EW ablation (λ^t = 1/m). The iteration costs O(mNd).
 """
 

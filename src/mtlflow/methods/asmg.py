@@ -13,7 +13,7 @@ and ``--lr`` are unused: β is the step size.
 ``heads`` or ``head-last`` (the last parametrised layer of each head). With a frozen trunk the shared
 features are computed once per step and only the heads are re-evaluated. ``init_from`` starts from a
 trained run's ``model.pt`` (e.g. a frozen MultiMNIST trunk) and ``reinit`` re-initialises the tuned
-layers first -- the README's black-box tuning example.
+layers first -- the black-box tuning example of docs/research/thesis.md.
 
 Defaults are the thesis' black-box MTL setting (Section 4.6.2): β = 0.5, Σ_0 = I, N = 20 (Office-31).
 ``asmg-ew`` is the thesis' ASMG-EW ablation (λ^t fixed to 1/m).

@@ -17,7 +17,7 @@ values of Table 5 (0.01-0.1) are that coefficient. ``form="paper"`` (default) is
 is g + λ f. Under Adam the two agree for λ_paper = 1/λ_code (they differ by a constant factor), which is
 why the default λ = 20 (= 1/0.05, the middle of the paper's "λ ∈ [0.02, 0.1]") and why the benchmarks'
 Table 5 defaults use ``form="code"`` with the printed λ. With λ_paper = 0.05 the model barely trains
-(measured on MultiMNIST, README): f's subgradient, which pushes the smaller weighted loss *up*, then
+(measured on MultiMNIST, docs/research/ldc-mtl.md): f's subgradient, which pushes the smaller weighted loss *up*, then
 dominates every step.
 
 * ``loop="single"`` (default) is Algorithm 1: the g(W, x*) term is dropped, so x and W take one
@@ -43,7 +43,7 @@ concatenated, ``router_features="concat"``, or averaged, ``"mean"``; the mean OD
 :func:`batch_features_reader`) (Cityscapes, NYU-v2). The vector is
 the default because on MultiMNIST the MLP router collapses onto one task within two epochs (the λ∇_W g
 term of Alg. 1 moves σ towards the task with the smaller loss, and an MLP's outputs move much faster
-than a vector's logits; measured, README), while the vector trains as well as LS. Choices the paper
+than a vector's logits; measured, docs/research/ldc-mtl.md), while the vector trains as well as LS. Choices the paper
 leaves open, made here [inferred]: the MLP's activation is ReLU; its input features are detached
 (σ is a function of W only, as in the formulas); its per-sample outputs are averaged over the batch
 (a mean of points of the simplex stays on the simplex); the router starts from a private generator

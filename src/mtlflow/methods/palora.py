@@ -42,7 +42,7 @@ Where the paper is silent, and what mtlflow does:
   does not say how its grid is reduced to one table row); ``model.pt`` holds that merged plain network
   and, under ``palora``, the adapters that rebuild any other preference;
 * α and Q: the paper grid-searches α ∈ {1, 2, 5, 10} and Q ∈ {1, 2, 5} without naming the chosen
-  values; the defaults here are α = 5 (the README reports the α grid on MultiMNIST) and Q = 1, for
+  values; the defaults here are α = 5 (docs/research/palora.md reports the α grid on MultiMNIST) and Q = 1, for
   which the annealed rays end exactly on the grid;
 * scene understanding: the paper combines PaLoRA with a gradient-balancing scheme "similar to GradNorm"
   (App. B.2) whose form it does not give; mtlflow trains with the plain Σ_m λ_mᵀ L_m of Algorithm 1.

@@ -24,7 +24,7 @@ Convolutions (the paper does not say how it adapts them), two factorisations of 
   reference implementation's convolution layout), T·r·k²(n + c) parameters. With this layout and
   adapters on every layer including the heads (``layers=all``), the counts reproduce the overheads the
   paper reports: 12.50 % on PaMaL's MultiMNIST LeNet at r = 1, 4.19 % / 6.33 % on the CityScapes /
-  NYUv2 SegNet at r = 4 (paper: 12.5 %, 4.2 %, 6.3 %; see the README's PaLoRA section), so it is most
+  NYUv2 SegNet at r = 4 (paper: 12.5 %, 4.2 %, 6.3 %; see docs/research/palora.md), so it is most
   likely what the authors ran.
 
 Not stated by the paper and chosen here (documented in the method): adapters on every Conv2d and

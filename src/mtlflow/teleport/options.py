@@ -4,7 +4,7 @@ The paper (Zhou et al., NeurIPS 2025) fixes rank 5 (App. B.2), γ = 0.1 (Eq. 11)
 (Sec. 4.1); it gives no value for the number of LoRA steps, the batches they use, ñ, δ, the LoRA
 learning rate, the delayed start E or the per-epoch cap (``methods-cost.md`` §1.1 item 7). mtlflow's
 defaults for those were chosen so that a teleport costs at most ~15 % of a MultiMNIST epoch of its
-base method and still moves the trunk measurably (README, "COST teleportation").
+base method and still moves the trunk measurably (docs/research/cost.md).
 
 ``variant="released"`` switches every default to what the released code (zzpustc/COST, CityScapes
 path; ``methods-cost.md`` §1.2) does: loss 10·L_t − 0.5·L_g, R = K(1 − ‖g_i‖/Σ‖g‖), Gaussian noise

@@ -1,7 +1,7 @@
 """Gradient engine: ``heads=False`` leaves the heads alone, the graph is freed unless asked to retain
 it, and the autojac backend says which input it lacks.
 
-Each test pins a behaviour that the mutation run (README "Mutation testing") found unchecked.
+Each test pins a behaviour that the mutation run (docs/development/mutation-testing.md) found unchecked.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Scores: the error messages name the problem, and mean rank takes its columns from the first method.
 
-Each test pins a behaviour that the mutation run (README "Mutation testing") found unchecked: an
+Each test pins a behaviour that the mutation run (docs/development/mutation-testing.md) found unchecked: an
 error raised with a wrong or empty message, and the mean rank built from another method's columns.
 """
 

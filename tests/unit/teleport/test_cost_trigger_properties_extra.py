@@ -1,7 +1,7 @@
 """COST trigger rules at their boundaries: the released-code rule fires at cos = 0 with the mean
 gradient and not above it, and the weak rule says how to get the pairwise cosines it needs.
 
-Each test pins a behaviour that the mutation run (README "Mutation testing") found unchecked.
+Each test pins a behaviour that the mutation run (docs/development/mutation-testing.md) found unchecked.
 """
 
 from __future__ import annotations
