@@ -11,12 +11,14 @@ both are compile-time settings -- the cluster build uses :data:`PARALLELISM` and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping, TextIO
 
 from mtlflow.core import atomic
 from mtlflow.core.errors import InvalidParameterError, UnknownNameError
@@ -175,6 +177,36 @@ def _latest_run_dir(artifact_root: Path, pipeline_func: Callable, started: float
     return max(runs, key=lambda p: p.stat().st_mtime)
 
 
+#: where a local run's task output (kfp.local's executor logs, every task's prints) goes, in the work directory
+LOG_NAME = "kfp-local.log"
+
+
+@contextlib.contextmanager
+def task_output_to(log_path: Path) -> Iterator[TextIO]:
+    """Send everything written to this process's stdout and stderr -- and so the kfp.local task subprocesses'
+    output, which they inherit -- to ``log_path``; yields a stream on the real terminal for progress lines."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    terminal = os.fdopen(os.dup(saved[1]), "w", buffering=1)
+    try:
+        with open(log_path, "a", buffering=1) as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            try:  # Python-level writers (kfp.local's log handler) too, whatever sys.stdout was
+                with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                    yield terminal
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+    finally:
+        terminal.close()
+        for fd in saved:
+            os.close(fd)
+
+
 def run_local(params: Mapping[str, Any], workdir: str | Path = "runs/pipeline", pipeline: str = "benchmark_sweep",
               storage_root: str | Path | None = None) -> Path:
     """Run ``pipeline`` with kfp.local (SubprocessRunner, no venv).
@@ -210,17 +242,20 @@ def run_local(params: Mapping[str, Any], workdir: str | Path = "runs/pipeline", 
     os.environ["OMP_NUM_THREADS"] = "1"
     artifact_root = workdir / "artifacts"
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(artifact_root), raise_on_error=True)
-    progress = PipelineProgress(name, _expected_tasks(name, pipeline_func, params), artifact_root)
+    log_path = workdir / LOG_NAME
     started = time.time()
-    try:
-        with warnings.catch_warnings(), progress:
-            warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
-            pipeline_func(**params)
-    finally:
-        if previous_threads is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = previous_threads
+    with task_output_to(log_path) as terminal:
+        print(f"pipeline {name}: running; the tasks' output goes to {log_path}", file=terminal, flush=True)
+        progress = PipelineProgress(name, _expected_tasks(name, pipeline_func, params), artifact_root, stream=terminal)
+        try:
+            with warnings.catch_warnings(), progress:
+                warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
+                pipeline_func(**params)
+        finally:
+            if previous_threads is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = previous_threads
     seconds = time.time() - started
     run_dir = _latest_run_dir(artifact_root, pipeline_func, started)
     status = atomic.read_json(Path(layout.status) / f"{run_dir.name}.json", "run status record")

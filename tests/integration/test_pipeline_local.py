@@ -21,7 +21,7 @@ TINY_PARAMS = {
 
 
 @pytest.mark.slow
-def test_benchmark_sweep_runs_locally(tmp_path, pushgateway, capsys):
+def test_benchmark_sweep_runs_locally(tmp_path, pushgateway, capfd):
     report = runner.run_local({**TINY_PARAMS, "pushgateway": pushgateway.url}, workdir=tmp_path, pipeline="main")
     assert report == tmp_path / "report.html"
     html = report.read_text()
@@ -53,9 +53,15 @@ def test_benchmark_sweep_runs_locally(tmp_path, pushgateway, capsys):
     _check_pushed_metrics(pushgateway, summary)
     # task progress with N/M, elapsed time and ETA: 11 tasks (prepare, 2 plans, 2 x (train + evaluate),
     # 2 references, aggregate, status)
-    progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[benchmark_sweep ")]
+    printed = capfd.readouterr()
+    progress = [line for line in printed.err.splitlines() if line.startswith("[benchmark_sweep ")]
     assert len(progress) == 11 and progress[-1].startswith("[benchmark_sweep 11/11] record-status done")
     assert all(" · elapsed " in line and " · ETA ~" in line for line in progress)
+    # the terminal gets the progress lines, where the tasks' output went and the summary: not kfp.local's logs
+    log = tmp_path / runner.LOG_NAME
+    assert f"the tasks' output goes to {log}" in printed.err
+    assert len(printed.out) + len(printed.err) < 5000 and "executor_output" not in printed.out + printed.err
+    assert "executor_output.json" in log.read_text() and "Executing task" in log.read_text()
 
 
 def _executor_artifacts(task_dir):
