@@ -35,7 +35,15 @@ import torch
 from torch import Tensor, nn
 
 from mtlflow import methods as method_registry
-from mtlflow.benchmarks.toy import LOWER, PARETO_X1_RANGE, PARETO_X2, START_POINTS, distance_to_pareto_set, toy_losses
+from mtlflow.benchmarks.toy import (
+    LOWER,
+    PARETO_X1_RANGE,
+    PARETO_X2,
+    START_POINTS,
+    ToyObjective,
+    distance_to_pareto_set,
+    toy_losses,
+)
 from mtlflow.core import atomic
 from mtlflow.core.errors import InvalidParameterError, MtlflowError
 from mtlflow.jobs import resolved_hparams
@@ -86,15 +94,6 @@ class _BatchedPoints(nn.Module):
 
     def forward(self, _: Any = None) -> Tensor:
         return self.x
-
-
-class _Objective(nn.Module):
-    def __init__(self, index: int, scale: float):
-        super().__init__()
-        self.index, self.scale = index, scale
-
-    def forward(self, z: Tensor) -> Tensor:
-        return toy_losses(z, self.scale)[..., self.index]
 
 
 def toy_values_and_gradients(x: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
@@ -168,7 +167,7 @@ def run_method(name: str, steps: int = DEFAULT_STEPS, scale: float = 0.1, lr: fl
     n_starts = len(starts)
     instances = [method_registry.build(name, 2, **hp) for _ in range(n_starts)]
     model = MultiTaskModel(_BatchedPoints(torch.tensor(starts, dtype=torch.float64)),
-                           [_Objective(0, scale), _Objective(1, scale)], ["f1", "f2"])
+                           [ToyObjective(0, scale), ToyObjective(1, scale)], ["f1", "f2"])
     x = model.trunk.x
     view = SimpleNamespace(model=model, config=RunConfig(method=name, hparams=hp, seed=seed, lr=lr),
                            shared=[x], task_params=[[], []], tasks=["f1", "f2"])
