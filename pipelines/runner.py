@@ -11,6 +11,7 @@ both are compile-time settings -- the cluster build uses :data:`PARALLELISM` and
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
 import shutil
@@ -247,11 +248,15 @@ def run_local(params: Mapping[str, Any], workdir: str | Path = "runs/pipeline", 
     with task_output_to(log_path) as terminal:
         print(f"pipeline {name}: running; the tasks' output goes to {log_path}", file=terminal, flush=True)
         progress = PipelineProgress(name, _expected_tasks(name, pipeline_func, params), artifact_root, stream=terminal)
+        original_print = builtins.print
         try:
             with warnings.catch_warnings(), progress:
                 warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
                 pipeline_func(**params)
         finally:
+            # kfp.local indents prints by swapping builtins.print per task; concurrent tasks restore each
+            # other's swaps out of order and can leave an indenting print behind
+            builtins.print = original_print
             if previous_threads is None:
                 os.environ.pop("OMP_NUM_THREADS", None)
             else:

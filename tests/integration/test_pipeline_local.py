@@ -3,6 +3,7 @@ real artifacts, a real local DVC remote, checkpoints and the exit handler's stat
 
 from __future__ import annotations
 
+import builtins
 import json
 
 import pytest
@@ -11,6 +12,7 @@ from mtlflow.core.errors import InvalidParameterError, UnknownNameError
 from mtlflow.ops import dvc as dvc_io
 from mtlflow.pipelines import runner
 
+ORIGINAL_PRINT = builtins.print
 TINY_PARAMS = {
     "data_options": {"n_train": 300, "n_val": 100, "n_test": 100},
     "methods": ["ls", "fairgrad"],
@@ -62,6 +64,8 @@ def test_benchmark_sweep_runs_locally(tmp_path, pushgateway, capfd):
     assert f"the tasks' output goes to {log}" in printed.err
     assert len(printed.out) + len(printed.err) < 5000 and "executor_output" not in printed.out + printed.err
     assert "executor_output.json" in log.read_text() and "Executing task" in log.read_text()
+    assert "pipeline benchmark_sweep finished in" in printed.out.splitlines()[-1]
+    assert builtins.print is ORIGINAL_PRINT  # kfp.local's per-task indenting print does not outlive the run
 
 
 def _executor_artifacts(task_dir):
