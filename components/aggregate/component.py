@@ -18,31 +18,13 @@ def aggregate(runs: dsl.Input[List[dsl.Artifact]], references: dsl.Input[List[ds
     (else ``$MTLFLOW_PUSHGATEWAY``; neither: off) the comparison is pushed to Prometheus under
     ``pipeline_name``."""
     import json
-    import shutil
 
-    from mtlflow import jobs
-    from mtlflow.core import atomic
-    from mtlflow.ops.observability import export_summary
+    from mtlflow.jobs import pipeline_steps
 
-    labels = sorted({jobs.run_label(jobs.read_run(r.path)["run"]) for r in runs})
-    declared = [m for m in labels if m in method_set or m.split("(")[0] in method_set]
-    outcome = jobs.aggregate([r.path for r in runs], results.path, reference_dirs=[r.path for r in references],
-                             method_set=declared or None)
-    shutil.copyfile(f"{results.path}/report.html", report.path)
-    shutil.copyfile(f"{results.path}/results.md", summary.path)
-    results.metadata.update({"benchmark": outcome["benchmark"], "data_hash": outcome["data_hash"],
-                             "pareto_set": outcome["pareto_set"]})
-    primary = outcome["primary_metrics"]
-    for label, row in outcome["methods"].items():
-        if "delta_m" in row:
-            metrics.log_metric(f"{label}.delta_m_pct", float(row["delta_m"]))
-        if "delta_m_paper" in row:
-            metrics.log_metric(f"{label}.delta_m_paper_pct", float(row["delta_m_paper"]))
-        metrics.log_metric(f"{label}.mean_rank", float(row["mean_rank"]))
-        metrics.log_metric(f"{label}.hypervolume", float(row["hypervolume"]))
-        for task in outcome["tasks"]:
-            metrics.log_metric(f"{label}.{task}.{primary[task]}", float(row["mean"][task][primary[task]]))
-    atomic.write_text(metrics.path, json.dumps(
-        {k: {m: v for m, v in r.items() if m in ("delta_m", "delta_m_paper", "mean_rank", "hypervolume")}
-         for k, r in outcome["methods"].items()}))
-    export_summary(outcome, pushgateway or None, pipeline=pipeline_name or "kfp")
+    result = pipeline_steps.aggregate([r.path for r in runs], [r.path for r in references], method_set, results.path,
+                                      report.path, summary.path, pushgateway, pipeline_name)
+    results.metadata.update(result["metadata"])
+    for name, value in result["metrics"].items():
+        metrics.log_metric(name, value)
+    with open(metrics.path, "w") as fh:
+        fh.write(json.dumps(result["scores"]))

@@ -19,24 +19,16 @@ def evaluate(data: dsl.Input[dsl.Dataset], run: dsl.Input[dsl.Artifact], split: 
     """
     import json
 
-    from mtlflow import jobs
-    from mtlflow.core import atomic
-    from mtlflow.core.errors import InvalidParameterError
-    from mtlflow.ops.observability.run_report import evaluation_markdown
+    from mtlflow.jobs import pipeline_steps
 
-    result = jobs.evaluate(run.path, data.path, split=split, out_file=evaluation.path, confusion=True)
-    evaluation.metadata.update({"split": split, "method": result["method"], "data_hash": result["data_hash"]})
-    for task, values in result["metrics"].items():
-        for name, value in values.items():
-            metrics.log_metric(f"{split}.{task}.{name}", float(value))
-    atomic.write_text(metrics.path, json.dumps(result["metrics"]))
-    matrices = result["confusion_matrices"]
-    if confusion_task and confusion_task not in matrices:
-        raise InvalidParameterError(f"confusion_task {confusion_task!r} is not a classification task of this run; "
-                                    f"valid: {', '.join(matrices) or 'none'}")
-    shown = confusion_task or next(iter(matrices), "")
-    if shown:
-        confusion.log_confusion_matrix(matrices[shown]["categories"], matrices[shown]["matrix"])
-        confusion.metadata.update({"task": shown, "split": split})
-    atomic.write_text(confusion.path, json.dumps(matrices))
-    atomic.write_text(summary.path, evaluation_markdown(result))
+    result = pipeline_steps.evaluate(run.path, data.path, split, evaluation.path, confusion.path, summary.path,
+                                     confusion_task)
+    evaluation.metadata.update(result["metadata"])
+    for name, value in pipeline_steps.flat_metrics(split, result["metrics"]).items():
+        metrics.log_metric(name, value)
+    with open(metrics.path, "w") as fh:
+        fh.write(json.dumps(result["metrics"]))
+    if result["confusion"]:
+        shown = result["confusion"]
+        confusion.log_confusion_matrix(shown["categories"], shown["matrix"])
+        confusion.metadata.update({"task": shown["task"], "split": split})

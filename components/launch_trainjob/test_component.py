@@ -68,5 +68,6 @@ def test_launcher_refuses_unknown_kind(tiny_dataset, tmp_path, monkeypatch):
     monkeypatch.setattr(k8s_jobs, "custom_objects_api", lambda: pytest.fail("must not reach the API"))
     with pytest.raises(InvalidParameterError, match="unknown job kind"):
         launch_trainjob.python_func(data=data, run_spec=json.dumps({"method": "ls", "seed": 0}), epochs=1,
-                                    train_options={}, storage_root=str(tmp_path), run=dsl.Artifact(uri=str(tmp_path / "r")),
-                                    model=dsl.Model(uri=str(tmp_path / "m")), kind="MPIJob", image="x", namespace="ml")
+                                    train_options={}, storage_root=str(tmp_path),
+                                    run=dsl.Artifact(uri=str(tmp_path / "r")), model=dsl.Model(uri=str(tmp_path / "m")),
+                                    kind="MPIJob", image="x", namespace="ml")

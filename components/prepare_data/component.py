@@ -19,27 +19,9 @@ def prepare_data(benchmark: str, options: dict, data: dsl.Output[dsl.Dataset], d
     SHA-256 content hash and the data version ``{git_revision, dvc_hash, dvc_remote}``; training
     refuses data that does not match them.
     """
-    from mtlflow import jobs
-    from mtlflow.benchmarks.base import read_manifest
-    from mtlflow.config.pipeline import from_struct
-    from mtlflow.core.errors import InvalidParameterError
-    from mtlflow.ops import dvc as dvc_io
+    from mtlflow.jobs import pipeline_steps
 
-    options = from_struct(options)
-    remote = dvc_io.resolve_remote(dvc_remote, default_remote)
-    if data_version:
-        if not remote:
-            raise InvalidParameterError("data_version needs a DVC remote: set dvc_remote or $MTLFLOW_DVC_REMOTE")
-        dvc_io.pull_dataset(data_version, remote, data.path, cache_dir=dvc_cache or None)
-        manifest = read_manifest(data.path)
-        if manifest["benchmark"] != benchmark:
-            raise InvalidParameterError(f"data version {data_version} holds {manifest['benchmark']} data, "
-                                        f"not {benchmark}; set benchmark={manifest['benchmark']}")
-        options = manifest.get("config", {})
-        version = {"git_revision": dvc_io.git_revision(), "dvc_hash": data_version, "dvc_remote": remote}
-    else:
-        manifest = jobs.prepare(benchmark, data.path, **options)
-        version = dvc_io.version_metadata(data.path, remote)
-    data.metadata.update({"benchmark": benchmark, "options": options, "tasks": manifest["tasks"],
-                          "content_hash": manifest["content_hash"], **version})
-    return list(manifest["tasks"])
+    metadata = pipeline_steps.prepare_data(benchmark, options, data.path, data_version, dvc_remote, default_remote,
+                                           dvc_cache)
+    data.metadata.update(metadata)
+    return list(metadata["tasks"])

@@ -10,16 +10,9 @@ def compare_to_champion(run: dsl.Input[dsl.Artifact], evaluation: dsl.Input[dsl.
                         min_improvement: float) -> bool:
     """True when the evaluated run beats the champion's stored test metrics by more than
     ``min_improvement`` (mean primary-metric error over tasks), or when there is no champion yet."""
-    import json
+    from mtlflow.jobs import pipeline_steps
 
-    from mtlflow.ops import model_store as store
-
-    with open(evaluation.path) as fh:
-        result = json.load(fh)
-    cand = store.candidate(run.path, result)
-    better, reason = store.compare(cand, store.read_champion(model_store, cand["benchmark"]), min_improvement)
-    print(("promote: " if better else "keep the champion: ") + reason)
-    return better
+    return pipeline_steps.compare_to_champion(run.path, evaluation.path, model_store, min_improvement)
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)

@@ -13,16 +13,8 @@ def record_status(status: dsl.PipelineTaskFinalStatus, pipeline: str, job_name: 
 
     With ``pushgateway`` (else ``$MTLFLOW_PUSHGATEWAY``; neither: off) the final state is also pushed to
     Prometheus (``mtlflow_pipeline_last_run_succeeded`` and friends, grouped by pipeline only)."""
-    import json
+    from mtlflow.jobs import pipeline_steps
 
-    from mtlflow.ops import run_status
-    from mtlflow.ops.observability import export_run_status
-
-    path = run_status.record(status_dir, pipeline=pipeline, job_name=job_name, state=status.state,
-                             error_code=status.error_code, error_message=status.error_message,
-                             exit_handler_task=status.pipeline_task_name,
-                             resource_name=status.pipeline_job_resource_name)
-    finished = json.loads(path.read_text())["finished_unix"]
-    export_run_status(pushgateway or None, pipeline=pipeline, run=job_name, state=status.state, finished_unix=finished)
-    print(f"pipeline {pipeline} run {job_name} ended {status.state}; recorded in {path}")
-    return str(path)
+    return pipeline_steps.record_status(status_dir, pipeline, job_name, status.state, status.error_code,
+                                        status.error_message, status.pipeline_task_name,
+                                        status.pipeline_job_resource_name, pushgateway)

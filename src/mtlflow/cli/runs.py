@@ -105,7 +105,7 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from mtlflow.engine.rundir import check_run_consistent
-    from mtlflow.ops.observability.run_report import render_report
+    from mtlflow.jobs.run_report import render_report
 
     if (Path(args.path) / "run.json").is_file():  # a failed run has a report too, a mixed directory not
         check_run_consistent(Path(args.path), require_completed=False)

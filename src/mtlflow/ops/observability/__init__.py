@@ -1,11 +1,10 @@
-"""Observability: Prometheus metrics of training runs, sweeps and pipeline runs; run reports; progress.
+"""Observability: Prometheus metrics of training runs, sweeps and pipeline runs; progress of local runs.
 
 * :mod:`~mtlflow.ops.observability.catalog` -- every exported metric (name, type, labels, meaning);
 * :mod:`~mtlflow.ops.observability.exporter` -- :class:`PrometheusExporter` (a trainer callback pushing to a
   Pushgateway and/or serving ``/metrics``), :func:`export_summary` (Δm% per method of a sweep) and
   :func:`export_run_status` (how a pipeline run ended);
 * :mod:`~mtlflow.ops.observability.prometheus` -- registries, the non-blocking pusher, the ``/metrics`` server;
-* :mod:`~mtlflow.ops.observability.run_report` -- the HTML/Markdown report of one run (``mtlflow report``);
 * :mod:`~mtlflow.ops.observability.progress` -- task progress and ETA of local pipeline runs.
 
 ``prometheus_client`` is imported only when an exporter is built.

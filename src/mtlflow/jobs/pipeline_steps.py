@@ -1,0 +1,160 @@
+"""The Kubeflow components' work as plain functions: each component body parses its inputs, calls one of
+these and copies the returned values into its kfp outputs (metadata, logged metrics). No kfp import here,
+so the same steps run, and are tested, without a pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from mtlflow import jobs
+from mtlflow.config.pipeline import from_struct, run_key
+from mtlflow.core import atomic
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.jobs.run_report import evaluation_markdown, run_markdown, run_report_html
+from mtlflow.ops import dvc as dvc_io
+from mtlflow.ops.observability import export_summary, training_exporters
+
+
+def flat_metrics(prefix: str, metrics: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """``{task: {name: value}}`` as the flat ``{"<prefix>.<task>.<name>": value}`` the Kubeflow UI shows."""
+    return {f"{prefix}.{task}.{name}": float(value)
+            for task, values in metrics.items() for name, value in values.items()}
+
+
+def prepare_data(benchmark: str, options: Mapping[str, Any], out: str, data_version: str = "", dvc_remote: str = "",
+                 default_remote: str = "", dvc_cache: str = "") -> dict[str, Any]:
+    """Prepare ``benchmark`` with ``options`` into ``out`` and push it to the DVC remote, or pull
+    ``data_version`` from it; returns the Dataset artifact's metadata (benchmark, options, tasks, hashes)."""
+    from mtlflow.benchmarks.base import read_manifest
+
+    options = from_struct(dict(options))
+    remote = dvc_io.resolve_remote(dvc_remote, default_remote)
+    if data_version:
+        if not remote:
+            raise InvalidParameterError("data_version needs a DVC remote: set dvc_remote or $MTLFLOW_DVC_REMOTE")
+        dvc_io.pull_dataset(data_version, remote, out, cache_dir=dvc_cache or None)
+        manifest = read_manifest(out)
+        if manifest["benchmark"] != benchmark:
+            raise InvalidParameterError(f"data version {data_version} holds {manifest['benchmark']} data, "
+                                        f"not {benchmark}; set benchmark={manifest['benchmark']}")
+        options = manifest.get("config", {})
+        version = {"git_revision": dvc_io.git_revision(), "dvc_hash": data_version, "dvc_remote": remote}
+    else:
+        manifest = jobs.prepare(benchmark, out, **options)
+        version = dvc_io.version_metadata(out, remote)
+    return {"benchmark": benchmark, "options": options, "tasks": manifest["tasks"],
+            "content_hash": manifest["content_hash"], **version}
+
+
+def train(data: str, data_metadata: Mapping[str, Any], run_out: str, model_out: str, report_out: str,
+          summary_out: str, run_spec: str, epochs: int, train_options: Mapping[str, Any], checkpoint_root: str = "",
+          pushgateway: str = "", pipeline_name: str = "", run_id: str = "", teleport: str = "",
+          teleport_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Train the run of ``run_spec`` on the Dataset at ``data`` (refused when its hashes differ from
+    ``data_metadata``'s). With ``checkpoint_root`` the run directory is ``<root>/<run key>`` and training
+    resumes there; the finished run is copied to ``run_out`` (without the checkpoint), its weights to
+    ``model_out``, its HTML report and Markdown summary to ``report_out`` / ``summary_out``.
+    Returns ``{"metadata": ..., "metrics": {task: {name: value}}}`` (the selected final test metrics)."""
+    spec = json.loads(run_spec)
+    options = from_struct(dict(train_options))
+    if teleport:  # COST: part of the run, so also of its run key and label
+        options = {**options, "teleport": teleport, "teleport_options": from_struct(dict(teleport_options or {}))}
+    content_hash = data_metadata.get("content_hash")
+    if data_metadata.get("dvc_hash"):
+        dvc_io.verify_directory(data, data_metadata["dvc_hash"])
+    work_dir = Path(run_out)
+    if checkpoint_root:
+        work_dir = Path(checkpoint_root) / run_key(run_spec, content_hash or "", epochs, options, run_id)
+        print(f"run directory {work_dir} (resumes from its checkpoint if one exists)")
+    with training_exporters(pushgateway=pushgateway or None, pipeline=pipeline_name or "kfp") as callbacks:
+        result = jobs.train(data, work_dir, method=spec["method"], seed=int(spec["seed"]),
+                            hparams=spec.get("hparams", {}), tasks=spec.get("tasks"), epochs=epochs,
+                            expected_hash=content_hash, resume=bool(checkpoint_root), progress=False,
+                            callbacks=callbacks, **options)
+    if work_dir != Path(run_out):
+        shutil.copytree(work_dir, run_out, ignore=shutil.ignore_patterns("checkpoint.pt", ".mtlflow.lock"),
+                        dirs_exist_ok=True)
+    shutil.copyfile(Path(run_out) / "model.pt", model_out)
+    atomic.write_text(report_out, run_report_html(run_out))
+    atomic.write_text(summary_out, run_markdown(run_out))
+    metadata = {"method": spec["method"], "label": jobs.run_label(jobs.read_run(run_out)["run"]),
+                "seed": int(spec["seed"]), "tasks": spec.get("tasks") or data_metadata.get("tasks"),
+                "data_hash": content_hash, "dvc_hash": data_metadata.get("dvc_hash")}
+    return {"metadata": metadata, "metrics": result["final"]["test"]}
+
+
+def evaluate(run: str, data: str, split: str, evaluation_out: str, confusion_out: str, summary_out: str,
+             confusion_task: str = "") -> dict[str, Any]:
+    """Evaluate the run's final model on ``split``; writes the evaluation JSON, every confusion matrix and a
+    Markdown summary. Returns the metrics, the evaluation's metadata and the confusion matrix the UI shows
+    (``confusion_task``, default the first classification task; None when there is none)."""
+    result = jobs.evaluate(run, data, split=split, out_file=evaluation_out, confusion=True)
+    matrices = result["confusion_matrices"]
+    if confusion_task and confusion_task not in matrices:
+        raise InvalidParameterError(f"confusion_task {confusion_task!r} is not a classification task of this run; "
+                                    f"valid: {', '.join(matrices) or 'none'}")
+    shown = confusion_task or next(iter(matrices), "")
+    atomic.write_text(confusion_out, json.dumps(matrices))
+    atomic.write_text(summary_out, evaluation_markdown(result))
+    return {"metrics": result["metrics"],
+            "metadata": {"split": split, "method": result["method"], "data_hash": result["data_hash"]},
+            "confusion": {"task": shown, **matrices[shown]} if shown else None}
+
+
+def aggregate(runs: Sequence[str], references: Sequence[str], method_set: Sequence[str], results_out: str,
+              report_out: str, summary_out: str, pushgateway: str = "", pipeline_name: str = "") -> dict[str, Any]:
+    """Compare the runs against the single-task references (the methods of ``method_set`` rank); copies the
+    HTML report and the Markdown table out, pushes the comparison to Prometheus when a gateway is set.
+    Returns the results' metadata and the flat metrics the Kubeflow UI shows (Δm%, mean rank, hypervolume,
+    each task's primary metric per method)."""
+    labels = sorted({jobs.run_label(jobs.read_run(r)["run"]) for r in runs})
+    declared = [m for m in labels if m in method_set or m.split("(")[0] in method_set]
+    outcome = jobs.aggregate(list(runs), results_out, reference_dirs=list(references), method_set=declared or None)
+    shutil.copyfile(Path(results_out) / "report.html", report_out)
+    shutil.copyfile(Path(results_out) / "results.md", summary_out)
+    primary = outcome["primary_metrics"]
+    scores = ("delta_m", "delta_m_paper", "mean_rank", "hypervolume")
+    shown = {"delta_m": "delta_m_pct", "delta_m_paper": "delta_m_paper_pct", "mean_rank": "mean_rank",
+             "hypervolume": "hypervolume"}
+    flat: dict[str, float] = {}
+    for label, row in outcome["methods"].items():
+        flat.update({f"{label}.{shown[key]}": float(row[key]) for key in scores if key in row})
+        flat.update({f"{label}.{task}.{primary[task]}": float(row["mean"][task][primary[task]])
+                     for task in outcome["tasks"]})
+    export_summary(outcome, pushgateway or None, pipeline=pipeline_name or "kfp")
+    return {"metadata": {"benchmark": outcome["benchmark"], "data_hash": outcome["data_hash"],
+                         "pareto_set": outcome["pareto_set"]},
+            "metrics": flat,
+            "scores": {k: {m: v for m, v in r.items() if m in scores} for k, r in outcome["methods"].items()}}
+
+
+def compare_to_champion(run: str, evaluation: str, model_store: str, min_improvement: float) -> bool:
+    """Whether the evaluated run beats the champion's stored test metrics by more than ``min_improvement``
+    (mean primary-metric error over tasks), or there is no champion yet; prints the reason."""
+    from mtlflow.ops import model_store as store
+
+    candidate = store.candidate(run, atomic.read_json(Path(evaluation), "evaluation"))
+    better, reason = store.compare(candidate, store.read_champion(model_store, candidate["benchmark"]), min_improvement)
+    print(("promote: " if better else "keep the champion: ") + reason)
+    return better
+
+
+def record_status(status_dir: str, pipeline: str, job_name: str, state: str, error_code: int | None,
+                  error_message: str | None, exit_handler_task: str, resource_name: str,
+                  pushgateway: str = "") -> str:
+    """Record how a pipeline run ended (``<status_dir>/<job_name>.json``) and push it to Prometheus when a
+    gateway is set; returns the record's path."""
+    from mtlflow.ops import run_status
+    from mtlflow.ops.observability import export_run_status
+
+    path = run_status.record(status_dir, pipeline=pipeline, job_name=job_name, state=state, error_code=error_code,
+                             error_message=error_message, exit_handler_task=exit_handler_task,
+                             resource_name=resource_name)
+    finished = atomic.read_json(path, "run status record")["finished_unix"]
+    export_run_status(pushgateway or None, pipeline=pipeline, run=job_name, state=state, finished_unix=finished)
+    print(f"pipeline {pipeline} run {job_name} ended {state}; recorded in {path}")
+    return str(path)
