@@ -67,8 +67,8 @@ def test_teleport_keeps_losses_moves_the_trunk_and_applies_htr_to_the_stepped_op
     batch = next(batches)
     # g′ of Eq. 12, computed independently: the gradient of the mean task loss at the pre-teleport point
     twin = copy.deepcopy(trainer.model)
-    inputs, targets = trainer._inputs_targets(batch)
-    mean_loss = torch.stack(trainer._task_losses(twin(inputs), targets)).mean()
+    inputs, targets = trainer.inputs_targets(batch)
+    mean_loss = torch.stack(trainer.task_losses(twin(inputs), targets)).mean()
     g_prime = torch.cat([g.reshape(-1) for g in torch.autograd.grad(mean_loss, twin.shared_parameters())])
     probe = MomentProbe()
     trainer.callbacks.append(probe)
@@ -117,7 +117,7 @@ def test_merged_model_has_no_adapters_and_equals_the_adapter_model(multimnist_sm
     with torch.no_grad():
         for p in adapted.adapter_parameters:
             p.normal_(0, 0.3)
-    x, _ = trainer._inputs_targets(next(iter(trainer._loader(1))))
+    x, _ = trainer.inputs_targets(next(iter(trainer._loader(1))))
     with torch.no_grad():
         expected = adapted.model(x)
         original = model(x)

@@ -149,13 +149,13 @@ def test_nan_task_loss_is_reported_by_name(multimnist_small: Path, tmp_path: Pat
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     from mtlflow.engine.trainer import Trainer
 
-    original = Trainer._task_losses
+    original = Trainer.task_losses
 
     def poisoned(self, preds, targets):
         losses = original(self, preds, targets)
         return [losses[0], losses[1] * float("nan")]
 
-    monkeypatch.setattr(Trainer, "_task_losses", poisoned)
+    monkeypatch.setattr(Trainer, "task_losses", poisoned)
     run = tmp_path / "run"
     with pytest.raises(NonFiniteLossError, match=r"right=nan") as exc:
         jobs.train(multimnist_small, run, method="mgda", epochs=1, **TINY_RUN)

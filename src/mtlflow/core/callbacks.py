@@ -12,12 +12,53 @@ A callback's state goes into the checkpoint through ``state_dict``/``load_state_
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Sequence, runtime_checkable
 
+import torch
 from torch import Tensor
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mtlflow.engine.trainer import Trainer
+    from mtlflow.benchmarks.base import Benchmark, BenchmarkData
+    from mtlflow.config.run import RunConfig
+    from mtlflow.methods.base import Method
+    from mtlflow.metrics.task import TaskSpec
+    from mtlflow.models.base import MultiTaskModel
+
+
+@runtime_checkable
+class TrainerView(Protocol):
+    """What methods and callbacks may use of the trainer (:class:`mtlflow.engine.trainer.Trainer` is one).
+
+    Nothing else of the trainer is theirs to touch: ``tests/unit/engine/test_trainer_view.py`` checks that
+    the code of methods, COST, PaLoRA's front and the exporters reads only these members."""
+
+    #: the run's configuration
+    config: RunConfig
+    bench: Benchmark
+    data: BenchmarkData
+    model: MultiTaskModel
+    method: Method
+    device: torch.device
+    #: the trained tasks and their indices among the benchmark's tasks
+    tasks: list[TaskSpec]
+    task_index: list[int]
+    #: the shared parameters (every task's output depends on them)
+    shared: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    callbacks: list[Callback]
+    #: optimizer steps taken so far, and the metrics recorded after every finished epoch
+    global_step: int
+    history: list[dict[str, Any]]
+    out_dir: Path
+
+    def steps_per_epoch(self) -> int: ...
+
+    def inputs_targets(self, batch: Any) -> tuple[Any, list[Tensor]]: ...
+
+    def task_losses(self, preds: Sequence[Tensor], targets: Sequence[Tensor]) -> list[Tensor]: ...
+
+    def forward_losses(self, batch: Any) -> tuple[Tensor, list[Tensor]]: ...
 
 
 @dataclass
@@ -42,30 +83,30 @@ class Callback:
     #: ask the trainer for per-task gradients every step, even when the method does not need them
     needs_jacobian: ClassVar[bool] = False
 
-    def on_train_start(self, trainer: "Trainer") -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         """After the model, method and optimizer exist and any checkpoint was restored."""
 
-    def on_epoch_start(self, trainer: "Trainer", epoch: int) -> None:
+    def on_epoch_start(self, trainer: TrainerView, epoch: int) -> None:
         """Before the first step of ``epoch``."""
 
-    def after_gradients(self, trainer: "Trainer", state: StepState) -> bool:
+    def after_gradients(self, trainer: TrainerView, state: StepState) -> bool:
         """After the losses (and per-task gradients) of a step; return True to redo the step at the
         current parameters (e.g. after a teleport changed them)."""
         return False
 
-    def before_optimizer_step(self, trainer: "Trainer", state: StepState) -> None:
+    def before_optimizer_step(self, trainer: TrainerView, state: StepState) -> None:
         """After ``.grad`` holds the final update, before ``optimizer.step()``."""
 
-    def after_optimizer_step(self, trainer: "Trainer", state: StepState) -> None:
+    def after_optimizer_step(self, trainer: TrainerView, state: StepState) -> None:
         """After ``optimizer.step()`` and the method's own hook."""
 
-    def on_epoch_end(self, trainer: "Trainer", record: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: TrainerView, record: dict[str, Any]) -> None:
         """After evaluation; may add telemetry fields to the epoch ``record`` before it is written."""
 
-    def on_train_end(self, trainer: "Trainer", result: dict[str, Any]) -> None:
+    def on_train_end(self, trainer: TrainerView, result: dict[str, Any]) -> None:
         """After the final metrics and model were written."""
 
-    def on_train_failed(self, trainer: "Trainer", exc: BaseException) -> None:
+    def on_train_failed(self, trainer: TrainerView, exc: BaseException) -> None:
         """When training stops with ``exc`` (a NaN/Inf loss, a solver failure, an interrupt), after
         ``run.json`` records the failure and before ``exc`` propagates; must not raise."""
 

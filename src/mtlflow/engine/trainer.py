@@ -237,29 +237,31 @@ class Trainer:
                                       pin_memory=pin)
 
     # -- one step ------------------------------------------------------------------------------
-    def _inputs_targets(self, batch: Any) -> tuple[Any, list[Tensor]]:
+    def inputs_targets(self, batch: Any) -> tuple[Any, list[Tensor]]:
+        """A batch's inputs and the trained tasks' targets, on the trainer's device."""
         inputs, targets = self.bench.unpack(batch)
         inputs = inputs.to(self.device) if hasattr(inputs, "to") else inputs
         return inputs, [targets[idx].to(self.device) for idx in self.task_index]
 
-    def _task_losses(self, preds: Sequence[Tensor], targets: Sequence[Tensor]) -> list[Tensor]:
+    def task_losses(self, preds: Sequence[Tensor], targets: Sequence[Tensor]) -> list[Tensor]:
+        """Each trained task's loss of its prediction."""
         return [task.loss(pred, target) for task, pred, target in zip(self.tasks, preds, targets)]
 
     def _forward(self, batch: Any) -> ForwardPass:
         """Shared features z, then the heads and the K task losses (``model(x)`` split at z)."""
-        inputs, targets = self._inputs_targets(batch)
+        inputs, targets = self.inputs_targets(batch)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.amp == "bf16"):
             features = self.model.features(inputs)
-            return ForwardPass(self._task_losses(self.model.forward_heads(features), targets), features)
+            return ForwardPass(self.task_losses(self.model.forward_heads(features), targets), features)
 
     def _step_problem(self, batch: Any) -> StepProblem:
         """The batch as the engine sees it: a forward pass and its functional form (``torch.func``)."""
-        inputs, targets = self._inputs_targets(batch)
+        inputs, targets = self.inputs_targets(batch)
 
         def functional_losses(overrides: dict[str, Tensor]) -> Tensor:
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.amp == "bf16"):
                 preds = torch.func.functional_call(self.model, overrides, (inputs,))
-                return torch.stack(self._task_losses(preds, targets))
+                return torch.stack(self.task_losses(preds, targets))
 
         return StepProblem(self.model, self.shared, self.task_params, lambda: self._forward(batch), functional_losses)
 
@@ -461,7 +463,8 @@ class Trainer:
             cb.on_train_end(self, result)
         return result
 
-    def _steps_per_epoch(self) -> int:
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps of one epoch (per process under torchrun; capped by ``max_steps_per_epoch``)."""
         n = self.dist.steps_per_epoch(len(self.data.splits["train"]), self.config.batch_size)
         return min(n, self.config.max_steps_per_epoch or n)
 
@@ -470,7 +473,7 @@ class Trainer:
             return None
         from tqdm.auto import tqdm
 
-        steps = self._steps_per_epoch()
+        steps = self.steps_per_epoch()
         return tqdm(total=steps * self.config.epochs, initial=steps * (start_epoch - 1), unit="step",
                     desc=f"{self.bench.name}/{self.config.method}", dynamic_ncols=True, mininterval=1.0)
 
@@ -486,7 +489,7 @@ class Trainer:
         _reset_peak_memory(self.device)
         for cb in self.callbacks:
             cb.on_epoch_start(self, epoch)
-        limit = self._steps_per_epoch()
+        limit = self.steps_per_epoch()
         n_steps = 0
         for batch in self._loader(epoch):
             if n_steps >= limit:

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, Subset
 
+from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.errors import InvalidParameterError, NonFiniteLossError
 from mtlflow.core.hparams import HParam, positive
 from mtlflow.methods._support import MethodGenerator
@@ -118,7 +119,7 @@ class FunctionalModel:
     real step.
     """
 
-    def __init__(self, trainer: Any):
+    def __init__(self, trainer: TrainerView):
         self.trainer = trainer
         self.model = trainer.model
         self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
@@ -150,7 +151,7 @@ class FunctionalModel:
         return torch.stack([task.loss(pred, targets[idx]) for task, pred, idx in zip(tr.tasks, preds, tr.task_index)])
 
 
-def check_finite(losses: Tensor, method: str, trainer: Any, what: str) -> None:
+def check_finite(losses: Tensor, method: str, trainer: TrainerView, what: str) -> None:
     if not bool(torch.isfinite(losses).all()):
         raise NonFiniteLossError(f"{method}: non-finite {what} ({losses.detach().tolist()}) at step "
                                  f"{trainer.global_step}; lower --lr or the method's inner_lr/outer_lr")
@@ -212,7 +213,7 @@ class TaskWeights(UpperLevel):
 class SampleWeights(UpperLevel):
     """One logit per training sample of every task; f(ω, α) = Σ_i mean_j σ(α_ij) ℓ_ij (Section 3.7.1)."""
 
-    def __init__(self, trainer: Any):
+    def __init__(self, trainer: TrainerView):
         bench = trainer.bench
         if not (callable(getattr(bench, "per_sample_losses", None)) and callable(getattr(bench, "sample_ids", None))):
             raise InvalidParameterError(f"upper=sample-weights needs a benchmark with per-sample training losses and "
@@ -234,7 +235,7 @@ class SampleWeights(UpperLevel):
         return torch.sigmoid(self.variable.detach()).mean(dim=1)
 
 
-def build_upper_level(hp: dict[str, Any], trainer: Any) -> UpperLevel:
+def build_upper_level(hp: dict[str, Any], trainer: TrainerView) -> UpperLevel:
     if hp["upper"] == "task-weights":
         return TaskWeights(len(trainer.tasks), hp["simplex"], trainer.device)
     return SampleWeights(trainer)
@@ -260,7 +261,7 @@ class BilevelState:
         self.inner_sampler = SplitSampler(f"{method}/inner")
         self.model: FunctionalModel | None = None
 
-    def setup(self, hp: dict[str, Any], trainer: Any) -> None:
+    def setup(self, hp: dict[str, Any], trainer: TrainerView) -> None:
         split = hp["upper_split"]
         if len(trainer.data.splits[split]) == 0:
             raise InvalidParameterError(f"{self.method} needs a non-empty {split!r} split for its upper level")
@@ -270,11 +271,11 @@ class BilevelState:
         self.inner_sampler.reseed(trainer.config.seed + 1)
         self.model = FunctionalModel(trainer)
 
-    def upper_batch(self, hp: dict[str, Any], trainer: Any) -> Any:
+    def upper_batch(self, hp: dict[str, Any], trainer: TrainerView) -> Any:
         split = trainer.data.splits[hp["upper_split"]]
         return self.upper_sampler.batch(trainer.bench, split, trainer.config.batch_size)
 
-    def inner_batch_source(self, hp: dict[str, Any], trainer: Any, batch: Any) -> Callable[[int], Any]:
+    def inner_batch_source(self, hp: dict[str, Any], trainer: TrainerView, batch: Any) -> Callable[[int], Any]:
         """``t -> batch`` of inner step t: the step's batch, or a fresh training batch each time."""
         if hp["inner_batches"] == "step":
             return lambda t: batch
@@ -291,7 +292,7 @@ class BilevelState:
         variable.grad = None
         self.upper.after_step()
 
-    def lower_scale(self, trainer: Any) -> float:
+    def lower_scale(self, trainer: TrainerView) -> float:
         """×K for task weights under the trainer's rescaling convention (α = 1/K then equals LS)."""
         return float(len(trainer.tasks)) if trainer.config.rescale and self.upper.natural_scale == "mean" else 1.0
 
@@ -307,7 +308,7 @@ class BilevelState:
         self.inner_sampler.load_state_dict(state["inner_sampler"])
 
 
-def step_model(trainer: Any, grads: dict[str, Tensor] | None = None, objective: Tensor | None = None) -> None:
+def step_model(trainer: TrainerView, grads: dict[str, Tensor] | None = None, objective: Tensor | None = None) -> None:
     """One step of the trainer's optimizer on ω: from explicit gradients or by back-propagating ``objective``."""
     trainer.optimizer.zero_grad(set_to_none=True)
     if objective is not None:

@@ -17,12 +17,13 @@
 from __future__ import annotations
 
 import zlib
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.hparams import HParam
 from mtlflow.methods._numerics import gramian_array
@@ -102,7 +103,7 @@ def last_shared_layer(model: nn.Module) -> list[nn.Parameter]:
     return last
 
 
-def head_parameters(trainer: Any) -> list[list[nn.Parameter]]:
+def head_parameters(trainer: TrainerView) -> list[list[nn.Parameter]]:
     model = trainer.model
     return [model.task_parameters(i) for i in range(len(model.heads))]
 

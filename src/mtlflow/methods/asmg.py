@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.errors import DataError, InvalidParameterError
 from mtlflow.core.hparams import HParam, positive
 from mtlflow.methods._blackbox import ASMG, UPDATES, ASMGConfig
@@ -97,7 +98,7 @@ class ASMGMethod(Method):
         self.optimizer: ASMG | None = None
         self.frozen_trunk = self.hp["params"] != "all"
 
-    def setup(self, trainer: Any) -> None:
+    def setup(self, trainer: TrainerView) -> None:
         model = trainer.model
         if self.hp["init_from"]:
             self._load_weights(model, Path(self.hp["init_from"]), trainer.device)
@@ -124,7 +125,7 @@ class ASMGMethod(Method):
                                         "train it on the same benchmark and tasks") from None
 
     @torch.no_grad()
-    def training_step(self, trainer: Any, batch: Any, epoch: int) -> dict[str, Any]:
+    def training_step(self, trainer: TrainerView, batch: Any, epoch: int) -> dict[str, Any]:
         model, optimizer = trainer.model, self.optimizer
         inputs, targets = trainer.bench.unpack(batch)
         inputs = inputs.to(trainer.device) if hasattr(inputs, "to") else inputs

@@ -27,6 +27,7 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import Tensor
 
+from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.hparams import HParam
 from mtlflow.methods._numerics import gramian_float64
@@ -113,11 +114,11 @@ class Method:
         self.last_weights: Tensor | None = None
 
     # -- hooks ---------------------------------------------------------------------------------
-    def setup(self, trainer: Any) -> None:
+    def setup(self, trainer: TrainerView) -> None:
         """Called once after the model is built and before the optimizer is created; a method may
         modify ``trainer.model`` here (e.g. inject adapters)."""
 
-    def training_step(self, trainer: Any, batch: Any, epoch: int) -> dict[str, Any]:
+    def training_step(self, trainer: TrainerView, batch: Any, epoch: int) -> dict[str, Any]:
         """The whole step for ``custom_step`` methods; returns telemetry with at least ``losses``."""
         raise NotImplementedError(f"{self.name} does not define its own training step")
 

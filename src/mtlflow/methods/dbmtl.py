@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.hparams import HParam, non_negative
 from mtlflow.methods._support import (
@@ -68,7 +69,7 @@ class DualBalancing(GradientMethod):
         self.steps = 0
         self.heads: Sequence[Sequence[Tensor]] | None = None
 
-    def setup(self, trainer: Any) -> None:
+    def setup(self, trainer: TrainerView) -> None:
         if getattr(trainer.config, "grad_wrt", "parameters") != "parameters":
             raise InvalidParameterError("dbmtl keeps an EMA of per-task gradients of the shared parameters; "
                                         "per-sample representation gradients change with every batch: "

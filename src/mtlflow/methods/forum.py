@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.errors import NonFiniteValueError, SolverError
 from mtlflow.core.hparams import HParam, positive
 from mtlflow.methods._moblo import BilevelState, check_finite, common_hparams, step_model
@@ -144,10 +145,10 @@ class FORUM(Method):
         self.lam_tilde = torch.full((n_tasks,), 1.0 / n_tasks, dtype=torch.float64)
         self.iteration = 0
 
-    def setup(self, trainer: Any) -> None:
+    def setup(self, trainer: TrainerView) -> None:
         self.state.setup(self.hp, trainer)
 
-    def training_step(self, trainer: Any, batch: Any, epoch: int) -> dict[str, Any]:
+    def training_step(self, trainer: TrainerView, batch: Any, epoch: int) -> dict[str, Any]:
         hp, state = self.hp, self.state
         model, upper = state.model, state.upper
         alpha = upper.variable.detach().clone().requires_grad_(True)

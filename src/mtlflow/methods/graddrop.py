@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.hparams import HParam, unit_interval
 from mtlflow.methods._support import MethodGenerator
 from mtlflow.methods.base import GradientMethod
@@ -60,7 +61,7 @@ class GradDrop(GradientMethod):
         super().__init__(n_tasks, **hparams)
         self.rng = MethodGenerator(self.name)
 
-    def setup(self, trainer: Any) -> None:
+    def setup(self, trainer: TrainerView) -> None:
         self.rng.reseed(trainer.config.seed)
 
     def combine(self, grads: Tensor, losses: Tensor) -> Tensor:

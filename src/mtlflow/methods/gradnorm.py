@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.hparams import HParam, non_negative
 from mtlflow.methods._support import last_shared_layer, loss_bounds, min_losses_hparam, shifted_losses
 from mtlflow.methods.base import LossWeighting, StepContext
@@ -64,7 +65,7 @@ class GradNorm(LossWeighting):
         #: ||∇_W L_i|| of the last step (float64), for logging and tests
         self.last_grad_norms: Tensor | None = None
 
-    def setup(self, trainer: Any) -> None:
+    def setup(self, trainer: TrainerView) -> None:
         self.shared_layer = last_shared_layer(trainer.model)
 
     def parameters(self) -> list[Tensor]:

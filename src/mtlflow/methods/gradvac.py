@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.hparams import HParam, unit_interval
 from mtlflow.methods._support import MethodGenerator, gramian_numpy
 from mtlflow.methods.base import GramianWeighting
@@ -72,7 +73,7 @@ class GradVac(GramianWeighting):
         self.rng = MethodGenerator(self.name)
         self.targets = np.zeros((n_tasks, n_tasks))
 
-    def setup(self, trainer: Any) -> None:
+    def setup(self, trainer: TrainerView) -> None:
         self.rng.reseed(trainer.config.seed)
 
     def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:

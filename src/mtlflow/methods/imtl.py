@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from mtlflow.core.callbacks import TrainerView
 from mtlflow.methods._numerics import gramian_float64
 from mtlflow.methods._support import (
     gramian_numpy,
@@ -49,7 +50,7 @@ class IMTL(GradientMethod):
         self.log_scales = torch.zeros(n_tasks, requires_grad=True)
         self.heads: Sequence[Sequence[Tensor]] | None = None
 
-    def setup(self, trainer: Any) -> None:
+    def setup(self, trainer: TrainerView) -> None:
         self.heads = head_parameters(trainer)
 
     def parameters(self) -> list[Tensor]:

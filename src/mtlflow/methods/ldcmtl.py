@@ -71,6 +71,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.errors import InvalidParameterError, NonFiniteLossError
 from mtlflow.core.hparams import HParam, non_negative, positive
 from mtlflow.methods._support import loss_bounds, min_losses_hparam
@@ -234,7 +235,7 @@ class LDCMTL(LossWeighting):
         self._seed = 0
 
     # -- trainer hooks ---------------------------------------------------------------------------
-    def setup(self, trainer: Any) -> None:
+    def setup(self, trainer: TrainerView) -> None:
         self._trainer = trainer
         self._seed = int(trainer.config.seed)
         self._read_features = batch_features_reader(trainer.model, self.hp["router_features"])

@@ -33,6 +33,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.hparams import HParam
 from mtlflow.methods._moblo import BilevelState, check_finite, common_hparams, step_model
@@ -89,10 +90,10 @@ class MOML(Method):
         self.solver: GradientMethod = solver_cls(n_tasks)
         self.state = BilevelState(self.name)
 
-    def setup(self, trainer: Any) -> None:
+    def setup(self, trainer: TrainerView) -> None:
         self.state.setup(self.hp, trainer)
 
-    def training_step(self, trainer: Any, batch: Any, epoch: int) -> dict[str, Any]:
+    def training_step(self, trainer: TrainerView, batch: Any, epoch: int) -> dict[str, Any]:
         hp, state = self.hp, self.state
         model, upper = state.model, state.upper
         inner = state.inner_batch_source(hp, trainer, batch)

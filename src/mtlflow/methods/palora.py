@@ -57,7 +57,7 @@ import torch
 from torch import Tensor, nn
 
 from mtlflow.core import atomic
-from mtlflow.core.callbacks import Callback, StepState
+from mtlflow.core.callbacks import Callback, StepState, TrainerView
 from mtlflow.core.errors import DataError, InvalidParameterError, NonFiniteLossError
 from mtlflow.core.hparams import HParam, non_negative, positive
 from mtlflow.methods.base import Method
@@ -130,17 +130,17 @@ class PaLoRA(Method):
                                   seed)
 
     # -- setup -----------------------------------------------------------------------------------
-    def setup(self, trainer: Any) -> None:
+    def setup(self, trainer: TrainerView) -> None:
         if self.hp["init_from"]:
             self._load_initial_model(trainer, Path(self.hp["init_from"]))
         self.adapters = PreferenceAdapters.inject(trainer.model, self.n_tasks, self.hp["rank"], self.hp["alpha"],
                                                   self.hp["layers"], self.hp["factorization"])
         # random schedules draw from the run's seed; a resumed run restores the generator afterwards
         self.schedule = self._make_schedule(seed=trainer.config.seed)
-        self.total_steps = max(trainer.config.epochs * trainer._steps_per_epoch(), 1)
+        self.total_steps = max(trainer.config.epochs * trainer.steps_per_epoch(), 1)
         trainer.callbacks.append(PreferenceFrontCallback(self))
 
-    def _load_initial_model(self, trainer: Any, path: Path) -> None:
+    def _load_initial_model(self, trainer: TrainerView, path: Path) -> None:
         """Pareto expansion: load a trained single-point model and freeze it (only adapters will train)."""
         if not path.is_file():
             raise DataError(f"init_from: {path} not found; give the model.pt of a trained run (e.g. runs/ls/model.pt)")
@@ -172,7 +172,7 @@ class PaLoRA(Method):
         """τ ∈ [0, 1]: 0 at the first step, 1 at the last step of the run."""
         return min(step / max(self.total_steps - 1, 1), 1.0)
 
-    def training_step(self, trainer: Any, batch: Any, epoch: int) -> dict[str, Any]:
+    def training_step(self, trainer: TrainerView, batch: Any, epoch: int) -> dict[str, Any]:
         if self.adapters is None:
             raise RuntimeError("palora: setup(trainer) must run before training_step")
         if self.frozen_base:  # expansion trains the adapters only: normalisation statistics stay as loaded
@@ -201,7 +201,7 @@ class PaLoRA(Method):
         self.last_weights = rays.mean(dim=0).to("cpu", torch.float64)
         return {"losses": mean_losses, "weights": self.last_weights, **state.info}
 
-    def _check_finite(self, losses: Tensor, lam: Tensor, trainer: Any, epoch: int) -> None:
+    def _check_finite(self, losses: Tensor, lam: Tensor, trainer: TrainerView, epoch: int) -> None:
         if not bool(torch.isfinite(losses).all()):
             raise NonFiniteLossError(f"palora: non-finite loss {losses.detach().tolist()} for preference "
                                      f"{[round(float(v), 4) for v in lam]} at epoch {epoch}, "
@@ -218,7 +218,7 @@ class PaLoRA(Method):
         every = self.hp["front_every"]
         return epoch > epochs - window or (every > 0 and epoch % every == 0)
 
-    def evaluate_front(self, trainer: Any) -> dict[str, Any]:
+    def evaluate_front(self, trainer: TrainerView) -> dict[str, Any]:
         """The front record of the current model on the val and test splits."""
         by_split = {split: evaluate_front(trainer.model, self.adapters, trainer.bench, trainer.data.splits[split],
                                           trainer.tasks, trainer.task_index, self.eval_preferences,
@@ -252,11 +252,11 @@ class PreferenceFrontCallback(Callback):
     def __init__(self, method: PaLoRA):
         self.method = method
 
-    def on_epoch_end(self, trainer: Any, record: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: TrainerView, record: dict[str, Any]) -> None:
         if self.method.front_due(record["epoch"], trainer.config.epochs, trainer.config.select):
             record["preference_front"] = self.method.evaluate_front(trainer)
 
-    def on_train_end(self, trainer: Any, result: dict[str, Any]) -> None:
+    def on_train_end(self, trainer: TrainerView, result: dict[str, Any]) -> None:
         """``metrics.json`` gets the selected front, ``model.pt`` the merged centre network plus the
         adapters, and ``pareto_front.png`` the plot."""
         names, primary, specs, _ = task_info(trainer.tasks)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mtlflow.core.callbacks import TrainerView
 from mtlflow.methods._support import MethodGenerator, gramian_numpy
 from mtlflow.methods.base import GramianWeighting
 
@@ -55,7 +56,7 @@ class PCGrad(GramianWeighting):
         super().__init__(n_tasks, **hparams)
         self.rng = MethodGenerator(self.name)
 
-    def setup(self, trainer: Any) -> None:
+    def setup(self, trainer: TrainerView) -> None:
         self.rng.reseed(trainer.config.seed)
 
     def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:

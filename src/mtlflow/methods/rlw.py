@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mtlflow.core.callbacks import TrainerView
 from mtlflow.methods._support import MethodGenerator
 from mtlflow.methods.base import LossWeighting
 
@@ -37,7 +38,7 @@ class RandomLossWeighting(LossWeighting):
         super().__init__(n_tasks, **hparams)
         self.rng = MethodGenerator(self.name)
 
-    def setup(self, trainer: Any) -> None:
+    def setup(self, trainer: TrainerView) -> None:
         self.rng.reseed(trainer.config.seed)
 
     def weights(self, losses: Tensor) -> Tensor:

@@ -26,21 +26,18 @@ from __future__ import annotations
 
 import importlib
 import time
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import Tensor, nn
 
-from mtlflow.core.callbacks import Callback, StepState
+from mtlflow.core.callbacks import Callback, StepState, TrainerView
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.teleport import adapters
 from mtlflow.teleport.htr import apply_htr, htr_sigma, restore_htr
 from mtlflow.teleport.objective import TeleportProblem, balance_weights, optimise_adapter
 from mtlflow.teleport.options import CostOptions
 from mtlflow.teleport.triggers import RULES, GradientStats, describe, dominated_conflict, gradient_stats, needs_pairwise
-
-if TYPE_CHECKING:  # pragma: no cover
-    from mtlflow.engine.trainer import Trainer
 
 
 def _flat(tensors: list[Tensor]) -> Tensor:
@@ -58,7 +55,7 @@ class _Batches:
     with the same seed), so the adapter loop must visit indices in cyclic order, as it does.
     """
 
-    def __init__(self, trainer: "Trainer", trigger_batch: Any, count: int, seed: int):
+    def __init__(self, trainer: TrainerView, trigger_batch: Any, count: int, seed: int):
         self.trainer, self.trigger, self.seed = trainer, trigger_batch, seed
         self._iter: Iterator | None = None
         self._index = 0
@@ -118,7 +115,7 @@ class CostTeleport(Callback):
         also once the cap stops teleports) and on the redone step."""
         return self._active and (self._pending is not None or self._epoch_step % self.resolved.check_every == 0)
 
-    def check(self, trainer: "Trainer") -> None:
+    def check(self, trainer: TrainerView) -> None:
         """Reject what COST cannot wrap, before training starts (called by the trainer's constructor)."""
         method = trainer.method
         if method.custom_step:
@@ -136,18 +133,18 @@ class CostTeleport(Callback):
         self._check_seconds = 0.0
 
     # -- hooks ---------------------------------------------------------------------------------------------
-    def on_train_start(self, trainer: "Trainer") -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         importlib.import_module("peft")  # ~4 s once, here, so that no epoch pays it
 
         self._task_names = [t.name for t in trainer.tasks]
 
-    def on_epoch_start(self, trainer: "Trainer", epoch: int) -> None:
+    def on_epoch_start(self, trainer: TrainerView, epoch: int) -> None:
         self._reset_epoch()
         self._epoch_step = 0
         self._active = epoch > self.resolved.delay_epochs and self.resolved.max_per_epoch > 0
         self._remember_buffers(trainer)
 
-    def _remember_buffers(self, trainer: "Trainer") -> None:
+    def _remember_buffers(self, trainer: TrainerView) -> None:
         """Keep the buffers as they are before the next step's forward pass when that step may teleport: the
         teleported step is redone, and its discarded first forward must not update BatchNorm's running
         statistics (one step, one update, as the base method)."""
@@ -155,14 +152,14 @@ class CostTeleport(Callback):
             and self._epoch_step % self.resolved.check_every == 0
         self._buffers = {n: b.detach().clone() for n, b in trainer.model.named_buffers()} if may_teleport else None
 
-    def _restore_buffers(self, trainer: "Trainer") -> None:
+    def _restore_buffers(self, trainer: TrainerView) -> None:
         if self._buffers is None:  # pragma: no cover - _remember_buffers ran for every step that may teleport
             raise RuntimeError("COST: no buffers recorded before a teleporting step")
         with torch.no_grad():
             for name, buffer in trainer.model.named_buffers():
                 buffer.copy_(self._buffers[name])
 
-    def after_gradients(self, trainer: "Trainer", state: StepState) -> bool:
+    def after_gradients(self, trainer: TrainerView, state: StepState) -> bool:
         if not self._active or self._pending is not None or state.grads is None:
             return False
         if self._epoch_step % self.resolved.check_every != 0:
@@ -180,7 +177,7 @@ class CostTeleport(Callback):
         self._pending = self._teleport(trainer, state, stats)
         return True
 
-    def before_optimizer_step(self, trainer: "Trainer", state: StepState) -> None:
+    def before_optimizer_step(self, trainer: TrainerView, state: StepState) -> None:
         opts = self.resolved
         event = self._pending
         if event is not None:
@@ -193,7 +190,7 @@ class CostTeleport(Callback):
         if opts.htr and opts.htr_reference == "last-update":
             self._last_update = _flat_grads(trainer.shared)
 
-    def after_optimizer_step(self, trainer: "Trainer", state: StepState) -> None:
+    def after_optimizer_step(self, trainer: TrainerView, state: StepState) -> None:
         if self._htr_saved:
             restore_htr(self._htr_saved)
             self._htr_saved = []
@@ -204,7 +201,7 @@ class CostTeleport(Callback):
         self._epoch_step += 1
         self._remember_buffers(trainer)
 
-    def on_epoch_end(self, trainer: "Trainer", record: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: TrainerView, record: dict[str, Any]) -> None:
         record["cost"] = epoch_summary(self._events, self._checked, self._fired, self._dominated,
                                       self.options.as_dict(), self.resolved.as_dict())
         record["cost"]["check_seconds"] = self._check_seconds
@@ -217,7 +214,7 @@ class CostTeleport(Callback):
         self._last_update = state.get("last_update")
 
     # -- the teleport ----------------------------------------------------------------------------------------
-    def _teleport(self, trainer: "Trainer", state: StepState, stats: GradientStats) -> dict[str, Any]:
+    def _teleport(self, trainer: TrainerView, state: StepState, stats: GradientStats) -> dict[str, Any]:
         opts = self.resolved
         started = time.perf_counter()
         shared = trainer.shared
@@ -272,7 +269,7 @@ class CostTeleport(Callback):
             "seconds": time.perf_counter() - started,
         }
 
-    def _problem(self, trainer: "Trainer", adapted: adapters.AdaptedModel, batches: _Batches,
+    def _problem(self, trainer: TrainerView, adapted: adapters.AdaptedModel, batches: _Batches,
                  stats: GradientStats) -> TeleportProblem:
         """The teleport's :class:`TeleportProblem` on the adapted copy of the trainer's model."""
         opts = self.resolved
@@ -286,7 +283,7 @@ class CostTeleport(Callback):
             if index == 0 and 0 in prepared:
                 inputs, targets = prepared[0]
             else:
-                inputs, targets = trainer._inputs_targets(batches.get(index))
+                inputs, targets = trainer.inputs_targets(batches.get(index))
                 if opts.batch_size and isinstance(inputs, Tensor):
                     inputs, targets = inputs[:opts.batch_size], [t[:opts.batch_size] for t in targets]
                 if index == 0:
@@ -297,7 +294,7 @@ class CostTeleport(Callback):
                 else:
                     overrides = {n: base[n] + eps[n] for n in eps}
                     preds = torch.func.functional_call(model, overrides, (inputs,))
-                stacked = torch.stack(trainer._task_losses(preds, targets))
+                stacked = torch.stack(trainer.task_losses(preds, targets))
                 # bf16 autocast losses are compared in float32; a float64 model keeps float64
                 return stacked if stacked.dtype == torch.float64 else stacked.float()
 

@@ -130,8 +130,8 @@ def test_mtan_attention_masks_get_their_tasks_plain_gradient_in_every_gradient_m
     batch = next(iter(trainer._loader(1)))
     twin = copy.deepcopy(trainer.model)
     twin.train()
-    inputs, targets = trainer._inputs_targets(batch)
-    losses = trainer._task_losses(twin(inputs), targets)
+    inputs, targets = trainer.inputs_targets(batch)
+    losses = trainer.task_losses(twin(inputs), targets)
     expected = [torch.autograd.grad(loss, twin.trunk_task_parameters(i), retain_graph=True)
                 for i, loss in enumerate(losses)]
 

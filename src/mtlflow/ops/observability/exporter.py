@@ -14,9 +14,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
-from mtlflow.core.callbacks import Callback
+from mtlflow.core.callbacks import Callback, TrainerView
 from mtlflow.core.errors import NonFiniteLossError
 from mtlflow.ops.observability import catalog
 from mtlflow.ops.observability.prometheus import (
@@ -29,16 +29,13 @@ from mtlflow.ops.observability.prometheus import (
     resolve_pushgateway,
 )
 
-if TYPE_CHECKING:  # pragma: no cover
-    from mtlflow.engine.trainer import Trainer
-
 #: seconds between progress pushes in the middle of an epoch (epoch ends always push)
 DEFAULT_PUSH_INTERVAL = 30.0
 #: the ``pipeline`` label of runs started from the command line
 CLI_PIPELINE = "cli"
 
 
-def run_identity(trainer: "Trainer", pipeline: str) -> dict[str, str]:
+def run_identity(trainer: TrainerView, pipeline: str) -> dict[str, str]:
     """The identity labels of a training run (also its Pushgateway grouping key): no run ids."""
     from mtlflow.engine.rundir import run_label
 
@@ -70,7 +67,7 @@ class PrometheusExporter(Callback):
         self._last_push = 0.0
 
     # -- trainer hooks -------------------------------------------------------------------------
-    def on_train_start(self, trainer: "Trainer") -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         self.labels = run_identity(trainer, self.pipeline)
         self._device = trainer.device.type
         if self.gateway and self.pusher is None:
@@ -88,20 +85,20 @@ class PrometheusExporter(Callback):
             self._observe(record, count_only=record is not trainer.history[-1])
         self._push()
 
-    def on_epoch_start(self, trainer: "Trainer", epoch: int) -> None:
+    def on_epoch_start(self, trainer: TrainerView, epoch: int) -> None:
         if self._observe_pending():
             self._push()
 
-    def after_optimizer_step(self, trainer: "Trainer", state) -> None:
+    def after_optimizer_step(self, trainer: TrainerView, state) -> None:
         now = time.time()
         self._set("mtlflow_train_last_progress_timestamp_seconds", now)
         if now - self._last_push >= self.push_interval:
             self._push()
 
-    def on_epoch_end(self, trainer: "Trainer", record: dict[str, Any]) -> None:
+    def on_epoch_end(self, trainer: TrainerView, record: dict[str, Any]) -> None:
         self._pending = record  # read at the next hook, after every callback has added its fields
 
-    def on_train_end(self, trainer: "Trainer", result: dict[str, Any]) -> None:
+    def on_train_end(self, trainer: TrainerView, result: dict[str, Any]) -> None:
         self._observe_pending()
         for split, tasks in result.get("final", {}).items():
             for task, values in tasks.items():
@@ -113,7 +110,7 @@ class PrometheusExporter(Callback):
         self._set("mtlflow_train_last_progress_timestamp_seconds", now)
         self._flush()
 
-    def on_train_failed(self, trainer: "Trainer", exc: BaseException) -> None:
+    def on_train_failed(self, trainer: TrainerView, exc: BaseException) -> None:
         self._observe_pending()
         self._set("mtlflow_train_running", 0)
         self._set("mtlflow_train_failed", 1)
