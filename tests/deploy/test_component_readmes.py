@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 
 import pytest
-
 from conftest import REPO_ROOT
 
 FOLDERS = sorted(p.name for p in (REPO_ROOT / "components").iterdir() if (p / "component.py").is_file())

@@ -34,6 +34,7 @@ from torch.utils.data import Dataset
 from mtlflow.benchmarks.base import Benchmark, ConfigField, PublishedReferences
 from mtlflow.core.errors import DataError
 from mtlflow.core.hashing import file_sha256
+from mtlflow.core.hparams import one_of
 from mtlflow.metrics.dense import (
     DEPTH_METRICS,
     NORMAL_METRICS,
@@ -160,8 +161,7 @@ class SceneBenchmark(Benchmark):
     config_fields = {
         "data_dir": ConfigField(None, "MTAN preprocessed folder ({train,val}/{image,label...,depth,normal}/N.npy)",
                                 lambda v: v is None or isinstance(v, str), "a folder path"),
-        "model": ConfigField("mtan", "mtan (SegNet-MTAN, the papers' model) or segnet", lambda v: v in MODELS,
-                             " or ".join(MODELS)),
+        "model": ConfigField("mtan", "mtan (SegNet-MTAN, the papers' model) or segnet", one_of(*MODELS)),
         "augment": ConfigField(True, "random scale-crop + flip on the training split", lambda v: isinstance(v, bool),
                                "true or false"),
         "n_val_from_train": ConfigField(0, "hold out this many training images as validation (0: validate on the "

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from mtlflow.benchmarks.base import Benchmark, ConfigField, MultiTaskTensorDataset
+from mtlflow.core.hparams import one_of
 from mtlflow.metrics.task import ObjectiveValue, TaskSpec
 from mtlflow.models.base import MultiTaskModel
 
@@ -129,8 +130,7 @@ class ASMGSynthetic(Benchmark):
     description = ("ASMG's synthetic black-box MOO problems (Ye thesis Eqs. 4.21-4.23): shifted l1/l½ ellipsoids, "
                    "mixed ellipsoid-Rastrigin; the model is the point x ∈ R^d")
     config_fields = {
-        "problem": ConfigField("l1-ellipsoid", "one of " + ", ".join(PROBLEMS), lambda v: v in PROBLEMS,
-                               "one of " + ", ".join(PROBLEMS)),
+        "problem": ConfigField("l1-ellipsoid", "one of " + ", ".join(PROBLEMS), one_of(*PROBLEMS)),
         "dim": ConfigField(100, "dimension d (thesis: 100)", lambda v: isinstance(v, int) and v >= 2,
                            "an integer >= 2"),
         "seed": ConfigField(0, "seed of the start point μ_0 ~ U[0, 1]^d", lambda v: isinstance(v, int), "an integer"),

@@ -54,6 +54,7 @@ from mtlflow.benchmarks._molgraphs import (
 from mtlflow.benchmarks._molnet import verify_realdata_file
 from mtlflow.benchmarks.base import ConfigField, PublishedReferences
 from mtlflow.core.errors import DataError
+from mtlflow.core.hparams import one_of
 from mtlflow.metrics.regression import MAE, standardised_mse
 from mtlflow.metrics.task import TaskSpec
 from mtlflow.models.base import MultiTaskModel
@@ -69,19 +70,23 @@ ATOMREF_EV = {
 }
 
 #: name -> (unit, qm9pack column, aimnet column). Energies in meV, as the papers report them.
+_TARGET_TABLE = """
+name   unit       qm9pack column               aimnet column
+mu     D          Dipole_debye                 mu
+alpha  a0^3       Polarizability_bohr3         alpha
+homo   meV        HOMO_au                      homo
+lumo   meV        LUMO_au                      lumo
+gap    meV        HOMO_LUMO_gap_au             gap
+r2     a0^2       R2_bohr2                     r2
+zpve   meV        ZPVE_au                      zpve
+u0     meV        InternalEnergy_0K_au         u0_atom
+u      meV        InternalEnergy_298K_au       u298_atom
+h      meV        Enthalphy_298K_au            h298_atom
+g      meV        GibbsFreeEnergy_298K_au      g298_atom
+cv     cal/mol/K  Heatcapacity_Cv_cal_mol_K    cv
+"""
 TARGETS: dict[str, tuple[str, str, str]] = {
-    "mu": ("D", "Dipole_debye", "mu"),
-    "alpha": ("a0^3", "Polarizability_bohr3", "alpha"),
-    "homo": ("meV", "HOMO_au", "homo"),
-    "lumo": ("meV", "LUMO_au", "lumo"),
-    "gap": ("meV", "HOMO_LUMO_gap_au", "gap"),
-    "r2": ("a0^2", "R2_bohr2", "r2"),
-    "zpve": ("meV", "ZPVE_au", "zpve"),
-    "u0": ("meV", "InternalEnergy_0K_au", "u0_atom"),
-    "u": ("meV", "InternalEnergy_298K_au", "u298_atom"),
-    "h": ("meV", "Enthalphy_298K_au", "h298_atom"),
-    "g": ("meV", "GibbsFreeEnergy_298K_au", "g298_atom"),
-    "cv": ("cal/mol/K", "Heatcapacity_Cv_cal_mol_K", "cv"),
+    name: (unit, pack, aimnet) for name, unit, pack, aimnet in (line.split() for line in _TARGET_TABLE.splitlines()[2:])
 }
 #: The 11 targets of the MTL papers, in their order (PyG indices [0, 1, 2, 3, 5, 6, 12, 13, 14, 15, 11]).
 PAPER_TARGETS = ("mu", "alpha", "homo", "lumo", "r2", "zpve", "u0", "u", "h", "g", "cv")
@@ -163,8 +168,7 @@ class QM9(GraphBenchmark):
                    "MPNN of Nash-MTL/FAMO/FairGrad/COST; MAE in the papers' units")
     config_fields = {
         "source": ConfigField("qm9pack", "qm9pack (full QM9 with DFT xyz) or realdata-aimnet (SMILES subsets in "
-                              "shared/realdata/qm9, ETKDG conformers)", lambda v: v in SOURCES,
-                              " or ".join(SOURCES)),
+                              "shared/realdata/qm9, ETKDG conformers)", one_of(*SOURCES)),
         "qm9_dir": ConfigField(None, "folder with qm9pack's qm9_part{1,2,3}.csv (default: the installed package)",
                                lambda v: v is None or isinstance(v, str), "a folder path"),
         "n_molecules": ConfigField(None, "use this many molecules (seeded subset; default all)",
@@ -177,7 +181,7 @@ class QM9(GraphBenchmark):
                                _target_list, "a list of distinct names from " + ", ".join(TARGETS)),
         "features": ConfigField("pyg", "pyg (PyG's QM9 processing: aromatic/hybridisation columns 0, Kekulé "
                                 "bonds, as the papers trained) or full (sanitised RDKit features)",
-                                lambda v: v in FEATURES, " or ".join(FEATURES)),
+                                one_of(*FEATURES)),
         "split_file": ConfigField(None, "reuse the molecule ids of this split.json instead of a new shuffle",
                                   lambda v: v is None or isinstance(v, str), "a file path"),
     }

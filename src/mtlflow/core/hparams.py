@@ -15,13 +15,42 @@ from mtlflow.core.errors import InvalidParameterError
 
 
 @dataclass(frozen=True)
+class Constraint:
+    """A test a value must pass and the same test in words, for the error message (``"> 0"``)."""
+
+    test: Callable[[Any], bool]
+    requirement: str
+
+    def __call__(self, value: Any) -> bool:
+        return bool(self.test(value))
+
+
+def one_of(*choices: Any) -> Constraint:
+    """The value must be one of ``choices``; the requirement lists them ("'a', 'b' or 'c'")."""
+    words = [repr(c) if isinstance(c, str) else str(c) for c in choices]
+    listed = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+    return Constraint(lambda v: v in choices, listed)
+
+
+positive = Constraint(lambda v: v > 0, "> 0")
+non_negative = Constraint(lambda v: v >= 0, ">= 0")
+unit_interval = Constraint(lambda v: 0 <= v <= 1, "in [0, 1]")
+
+
+@dataclass(frozen=True)
 class ConfigField:
-    """A setting: default, help text and the constraint it must satisfy (``requirement`` says it in words)."""
+    """A setting: default, help text and the constraint it must satisfy. ``check`` is a
+    :class:`Constraint` (which says its requirement itself) or a plain predicate with ``requirement``
+    saying it in words."""
 
     default: Any
     help: str
     check: Callable[[Any], bool] | None = None
     requirement: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.check, Constraint) and not self.requirement:
+            object.__setattr__(self, "requirement", self.check.requirement)
 
     def accepts(self, value: Any) -> bool:
         return self.check is None or self.check(value)
@@ -49,14 +78,3 @@ class HParam(ConfigField):
                 f"{method}: hyper-parameter {name}={value!r} is invalid; it must be {self.requirement}")
         return value
 
-
-def positive(v: Any) -> bool:
-    return v > 0
-
-
-def non_negative(v: Any) -> bool:
-    return v >= 0
-
-
-def unit_interval(v: Any) -> bool:
-    return 0 <= v <= 1

@@ -153,7 +153,8 @@ class Trainer:
         seed_everything(config.seed, config.deterministic)
         self.model = architectures.build_model(bench, [t.name for t in self.tasks], config.architecture,
                                                config.architecture_options, data.splits["train"]).to(self.device)
-        self.method: Method = method_registry.build(config.method, len(self.tasks), **config.hparams)
+        self.method: Method = method_registry.build(config.method, len(self.tasks), config.seed,
+                                                    **config.hparams)
         self.method.to(self.device)
         self.callbacks: list[Callback] = list(callbacks)
         if config.teleport:  # the wrapper checks the model and method it wraps before anything runs

@@ -165,7 +165,7 @@ def run_method(name: str, steps: int = DEFAULT_STEPS, scale: float = 0.1, lr: fl
         return result
     hp = resolved_hparams(Toy(scale=scale), name, hparams)
     n_starts = len(starts)
-    instances = [method_registry.build(name, 2, **hp) for _ in range(n_starts)]
+    instances = [method_registry.build(name, 2, seed, **hp) for _ in range(n_starts)]
     model = MultiTaskModel(_BatchedPoints(torch.tensor(starts, dtype=torch.float64)),
                            [ToyObjective(0, scale), ToyObjective(1, scale)], ["f1", "f2"])
     x = model.trunk.x

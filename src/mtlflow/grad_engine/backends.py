@@ -60,7 +60,14 @@ class StepProblem:
     functional_losses: Callable[[dict[str, Tensor]], Tensor] | None = None
 
 
-def _head_params(task_params: Sequence[Sequence[Tensor]] | None) -> list[Tensor]:
+#: The shared parameters, differentiated per task.
+Params = Sequence[Tensor]
+#: The heads' parameters, one list per task (head i depends on loss i only), or None when the
+#: heads' gradients are not wanted.
+HeadParams = Sequence[Sequence[Tensor]] | None
+
+
+def _head_params(task_params: HeadParams) -> list[Tensor]:
     return [p for params in task_params or () for p in params]
 
 
@@ -80,8 +87,7 @@ class JacobianBackend:
         grads = self.differentiate(forward, problem.shared, problem.task_params if heads else None, retain_graph)
         return forward, grads
 
-    def differentiate(self, forward: ForwardPass, shared: Sequence[Tensor],
-                      task_params: Sequence[Sequence[Tensor]] | None, retain_graph: bool) -> Tensor:
+    def differentiate(self, forward: ForwardPass, shared: Params, heads: HeadParams, retain_graph: bool) -> Tensor:
         raise NotImplementedError
 
 
@@ -89,16 +95,14 @@ class LoopBackend(JacobianBackend):
     name = "loop"
     summary = "K autograd.grad calls (fastest on the CPU); heads in the same calls"
 
-    def differentiate(self, forward: ForwardPass, shared: Sequence[Tensor],
-                      task_params: Sequence[Sequence[Tensor]] | None, retain_graph: bool) -> Tensor:
-        losses = forward.losses
-        k = len(losses)
+    def differentiate(self, forward: ForwardPass, shared: Params, heads: HeadParams, retain_graph: bool) -> Tensor:
+        k = len(forward.losses)
         if not shared:
             return torch.zeros(k, 0)
         # each row is copied once into a preallocated [K, P] matrix (no per-row cat, then stack)
         jac = torch.empty(k, sum(p.numel() for p in shared), dtype=shared[0].dtype, device=shared[0].device)
-        for i, loss in enumerate(losses):
-            own = list(task_params[i]) if task_params is not None else []
+        for i, loss in enumerate(forward.losses):
+            own = list(heads[i]) if heads is not None else []
             grads = torch.autograd.grad(loss, [*shared, *own], retain_graph=retain_graph or i < k - 1,
                                         allow_unused=True)
             offset = 0
@@ -117,13 +121,13 @@ class BatchedBackend(JacobianBackend):
     name = "batched"
     summary = "one autograd.grad call with is_grads_batched (vmap over the backward)"
 
-    def differentiate(self, forward: ForwardPass, shared: Sequence[Tensor],
-                      task_params: Sequence[Sequence[Tensor]] | None, retain_graph: bool) -> Tensor:
+    def differentiate(self, forward: ForwardPass, shared: Params, heads: HeadParams, retain_graph: bool) -> Tensor:
         stacked = forward.stacked
         k = stacked.shape[0]
-        heads = _head_params(task_params)
-        if heads:  # head i only sees loss i, so the gradient of Σ L_i is each head's plain gradient
-            accumulate_grads(heads, torch.autograd.grad(stacked.sum(), heads, retain_graph=True, allow_unused=True))
+        head_list = _head_params(heads)
+        if head_list:  # head i only sees loss i, so the gradient of Σ L_i is each head's plain gradient
+            plain = torch.autograd.grad(stacked.sum(), head_list, retain_graph=True, allow_unused=True)
+            accumulate_grads(head_list, plain)
         eye = torch.eye(k, dtype=stacked.dtype, device=stacked.device)
         rows = torch.autograd.grad(stacked, list(shared), grad_outputs=eye, is_grads_batched=True,
                                    retain_graph=retain_graph, allow_unused=True)
@@ -172,17 +176,16 @@ class AutojacBackend(JacobianBackend):
     name = "autojac"
     summary = "TorchJD autojac.mtl_backward (fills .jac; heads get plain gradients)"
 
-    def differentiate(self, forward: ForwardPass, shared: Sequence[Tensor],
-                      task_params: Sequence[Sequence[Tensor]] | None, retain_graph: bool) -> Tensor:
+    def differentiate(self, forward: ForwardPass, shared: Params, heads: HeadParams, retain_graph: bool) -> Tensor:
         from torchjd.autojac import mtl_backward
 
         if forward.features is None:
             raise ValueError("the autojac backend needs the shared features of the forward pass")
         k = len(forward.losses)
-        if task_params is None:
+        if heads is None:
             raise ValueError("the autojac backend always gives the heads their gradients; use loop instead")
         # mtl_backward needs separate loss tensors, not views of one stack (TorchJD API trap #1)
-        mtl_backward(list(forward.losses), features=forward.features, tasks_params=[list(t) for t in task_params],
+        mtl_backward(list(forward.losses), features=forward.features, tasks_params=[list(t) for t in heads],
                      shared_params=list(shared), retain_graph=retain_graph)
         rows = []
         for p in shared:

@@ -54,9 +54,14 @@ def get(name: str) -> type[Method]:
     return lookup(_registry(), "method", name)
 
 
-def build(name: str, n_tasks: int, **hparams: Any) -> Method:
-    """Instantiate method ``name`` for ``n_tasks`` tasks, validating ``hparams``."""
-    return get(name)(n_tasks, **hparams)
+def build(name: str, n_tasks: int, seed: int = 0, /, **hparams: Any) -> Method:
+    """Instantiate method ``name`` for ``n_tasks`` tasks, validating ``hparams``; ``seed`` (the run seed)
+    seeds the method's own generator, if it draws random numbers. ``seed`` is positional so that a
+    hyper-parameter called "seed" is refused as unknown rather than taken for the run's seed."""
+    method = get(name)(n_tasks, **hparams)
+    if method.rng is not None:
+        method.rng.reseed(seed)
+    return method
 
 
 def info(name: str) -> MethodInfo:

@@ -35,7 +35,7 @@ from torch.utils.data import Dataset, Subset
 
 from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.errors import InvalidParameterError, NonFiniteLossError
-from mtlflow.core.hparams import HParam, positive
+from mtlflow.core.hparams import HParam, one_of, positive
 from mtlflow.methods._support import MethodGenerator
 from mtlflow.methods.moco import project_to_simplex
 
@@ -51,22 +51,21 @@ def common_hparams(inner_steps: int, inner_lr: float) -> dict[str, HParam]:
     return {
         "upper": HParam("task-weights", "upper-level variable: 'task-weights' α ∈ Δ (MTL, Eq. 3.2) or "
                         "'sample-weights' σ(α_ij) per training sample (hyper-cleaning; benchmark must support it)",
-                        lambda v: v in UPPER_LEVELS, "'task-weights' or 'sample-weights'"),
+                        one_of(*UPPER_LEVELS)),
         "simplex": HParam("projection", "how task weights stay on the simplex: 'projection' after each step or "
-                          "'softmax' of logits (the authors' code)", lambda v: v in SIMPLEX_PARAMETRISATIONS,
-                          "'projection' or 'softmax'"),
+                          "'softmax' of logits (the authors' code)", one_of(*SIMPLEX_PARAMETRISATIONS)),
         "inner_steps": HParam(inner_steps, "T: lower-level SGD steps per upper-level iteration", lambda v: v >= 1,
                               "an integer >= 1", kind=int),
-        "inner_lr": HParam(inner_lr, "η: step size of the inner lower-level SGD steps", positive, "> 0"),
+        "inner_lr": HParam(inner_lr, "η: step size of the inner lower-level SGD steps", positive),
         "inner_batches": HParam("step", "data of the inner steps: 'step' (the trainer's batch for all T, as the "
                                 "authors' code) or 'fresh' (a new training batch per inner step)",
-                                lambda v: v in INNER_BATCHES, "'step' or 'fresh'"),
+                                one_of(*INNER_BATCHES)),
         "outer_optimizer": HParam("adam", "optimizer of the upper-level variable: 'adam' (thesis MTL runs) or 'sgd' "
-                                  "(plain, hyper-cleaning)", lambda v: v in OUTER_OPTIMIZERS, "'adam' or 'sgd'"),
-        "outer_lr": HParam(1e-3, "step size of the upper-level variable (thesis MTL: 1e-3 with Adam)", positive, "> 0"),
+                                  "(plain, hyper-cleaning)", one_of(*OUTER_OPTIMIZERS)),
+        "outer_lr": HParam(1e-3, "step size of the upper-level variable (thesis MTL: 1e-3 with Adam)", positive),
         "upper_split": HParam("val", "split of the upper-level losses F_i: 'val' (the thesis, Eq. 3.2) or 'train' "
                               "(the authors' MTL code draws a second training batch)",
-                              lambda v: v in UPPER_SPLITS, "'val' or 'train'"),
+                              one_of(*UPPER_SPLITS)),
     }
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mtlflow.core.hparams import HParam
+from mtlflow.core.hparams import HParam, one_of
 from mtlflow.methods._numerics import gramian_array
 from mtlflow.methods.base import GramianWeighting
 
@@ -59,8 +59,7 @@ class AlignedMTL(GramianWeighting):
     natural_scale = "mean"
     hparams = {
         "scale_mode": HParam("min", "σ² of the aligned gradients: smallest ('min'), median or mean ('rmse') "
-                             "non-zero eigenvalue of the Gramian", lambda v: v in SCALE_MODES,
-                             "one of " + ", ".join(SCALE_MODES)),
+                             "non-zero eigenvalue of the Gramian", one_of(*SCALE_MODES)),
     }
 
     def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:

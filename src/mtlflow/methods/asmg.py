@@ -31,7 +31,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.errors import DataError, InvalidParameterError
-from mtlflow.core.hparams import HParam, positive
+from mtlflow.core.hparams import HParam, one_of, positive
 from mtlflow.methods._blackbox import ASMG, UPDATES, ASMGConfig
 from mtlflow.methods.base import Method
 
@@ -73,17 +73,17 @@ class ASMGMethod(Method):
     custom_step = True
     weighting = "adaptive"
     hparams = {
-        "beta": HParam(0.5, "step size β (thesis: 0.5 black-box MTL, 0.1 synthetic)", positive, "> 0"),
+        "beta": HParam(0.5, "step size β (thesis: 0.5 black-box MTL, 0.1 synthetic)", positive),
         "n_samples": HParam(20, "N: sampled parameter vectors per step (N + 1 loss evaluations)", lambda v: v >= 2,
                             "an integer >= 2", kind=int),
-        "sigma0": HParam(1.0, "initial variance: Σ_0 = sigma0 · I (thesis: I)", positive, "> 0"),
+        "sigma0": HParam(1.0, "initial variance: Σ_0 = sigma0 · I (thesis: I)", positive),
         "update": HParam("normalized", "'normalized' (App. A.2.5, A.152-A.153) or 'raw' (Eq. 4.14)",
-                         lambda v: v in UPDATES, "'normalized' or 'raw'"),
+                         one_of(*UPDATES)),
         "min_precision_ratio": HParam(0.1, "floor of the per-step precision ratio Σ⁻¹_{t+1}/Σ⁻¹_t (guard against an "
                                       "overshooting covariance step; 0 = none, an overshoot is an error)",
                                       lambda v: 0 <= v < 1, "in [0, 1)"),
         "params": HParam("all", "tuned parameters: 'all', 'heads' or 'head-last' (last layer of each head)",
-                         lambda v: v in PARAM_SUBSETS, "'all', 'heads' or 'head-last'"),
+                         one_of(*PARAM_SUBSETS)),
         "init_from": HParam(None, "model.pt of a trained run to start from (same benchmark and tasks)",
                             lambda v: v is None or isinstance(v, str), "a path", kind=str),
         "reinit": HParam(False, "re-initialise the tuned layers before tuning (with init_from)", kind=bool),

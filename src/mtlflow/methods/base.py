@@ -29,8 +29,9 @@ from torch import Tensor
 
 from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.errors import InvalidParameterError
-from mtlflow.core.hparams import HParam
+from mtlflow.core.hparams import HParam, one_of
 from mtlflow.methods._numerics import gramian_float64
+from mtlflow.methods._support import MethodGenerator, loss_bounds
 
 
 class GradInput(enum.Enum):
@@ -46,7 +47,7 @@ class GradInput(enum.Enum):
 #: update (see :attr:`Method.natural_scale` and :attr:`Method.reference_scale`).
 SCALE_CONVENTION = HParam("sum", "scale of the update: 'sum' (the rule: on the scale of Σ L_i, x K for convex "
                           "combinations) or 'reference' (the convention of the method's reference code)",
-                          lambda v: v in ("sum", "reference"), "'sum' or 'reference'")
+                          one_of("sum", "reference"))
 
 
 #: Declare this hyper-parameter (``hparams = {"update_weights_every": UPDATE_WEIGHTS_EVERY, ...}``) in a
@@ -92,6 +93,15 @@ class Method:
     #: True for methods that own the whole training step (bilevel, Pareto-front learning):
     #: the trainer then calls :meth:`training_step` instead of its standard step.
     custom_step: ClassVar[bool] = False
+    #: True for methods that draw random numbers (RLW's weights, PCGrad's visiting orders, ...): they get
+    #: ``self.rng``, a generator of their own, seeded by :func:`mtlflow.methods.build` from (run seed, method
+    #: name) and checkpointed,
+    #: so a resumed run draws what the uninterrupted one would have and the global RNG streams are untouched.
+    stochastic: ClassVar[bool] = False
+    #: The method's learnable per-task vectors, by attribute name, with their initial value (UW's
+    #: log-variances start at 0): each is a leaf tensor of K entries; :meth:`parameters` hands them to the
+    #: trainer's optimizer, :meth:`to` moves them, the state keeps them.
+    learned: ClassVar[dict[str, float]] = {}
 
     def __init__(self, n_tasks: int, **hparams: Any):
         if not isinstance(n_tasks, int) or n_tasks < 1:
@@ -112,6 +122,11 @@ class Method:
             self.natural_scale = self.reference_scale
         #: weights applied in the last step (for logging), if the method has any
         self.last_weights: Tensor | None = None
+        self.rng = MethodGenerator(self.name) if self.stochastic else None
+        for name, initial in self.learned.items():
+            setattr(self, name, torch.full((n_tasks,), float(initial), requires_grad=True))
+        #: lower bounds L^min of methods on shifted losses (those declaring ``min_losses``; see ``shifted_losses``)
+        self.min_losses = loss_bounds(self.name, n_tasks, self.hp["min_losses"]) if "min_losses" in self.hp else None
 
     # -- hooks ---------------------------------------------------------------------------------
     def setup(self, trainer: TrainerView) -> None:
@@ -124,7 +139,7 @@ class Method:
 
     def parameters(self) -> list[Tensor]:
         """Learnable parameters of the method that the trainer's optimizer updates (e.g. UW)."""
-        return []
+        return [getattr(self, name) for name in self.learned]
 
     def before_backward(self, ctx: StepContext) -> None:
         """Called once per step after the forward pass (and, for gradient methods, after the per-task
@@ -143,13 +158,27 @@ class Method:
 
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        """The learned tensors and the generator; methods with more state extend it."""
+        state: dict[str, Any] = {name: getattr(self, name).detach().clone() for name in self.learned}
+        if self.rng is not None:
+            state["generator"] = self.rng.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state:
-            raise ValueError(f"{self.name} has no state but received {sorted(state)}")
+        if not self.learned and self.rng is None:
+            if state:
+                raise ValueError(f"{self.name} has no state but received {sorted(state)}")
+            return
+        with torch.no_grad():
+            for name in self.learned:
+                getattr(self, name).copy_(state[name])
+        if self.rng is not None:
+            self.rng.load_state_dict(state["generator"])
 
     def to(self, device: torch.device | str) -> "Method":
+        # new leaves on the device; called before the trainer builds its optimizer
+        for name in self.learned:
+            setattr(self, name, getattr(self, name).detach().to(device).requires_grad_(True))
         return self
 
     def __repr__(self) -> str:

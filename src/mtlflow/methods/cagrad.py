@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.errors import SolverError
-from mtlflow.core.hparams import HParam, positive
+from mtlflow.core.hparams import HParam, one_of, positive
 from mtlflow.methods._numerics import gramian_array
 from mtlflow.methods.base import GramianWeighting
 from mtlflow.methods.upgrad import dual_cone_weights
@@ -137,9 +137,9 @@ class CAGrad(GramianWeighting):
         "c": HParam(0.4, "radius of the ball around g_0, in units of ‖g_0‖ (0 = mean-gradient descent)",
                     lambda v: 0 <= v < 1, "in [0, 1)"),
         "rescale": HParam(0, "0: d (Algorithm 1); 1: d/(1+c²) (official multi-task code); 2: d/(1+c) (toy)",
-                          lambda v: v in (0, 1, 2), "0, 1 or 2"),
+                          one_of(0, 1, 2)),
         "gap_tol": HParam(1e-6, "largest accepted duality gap of the dual solve, relative to max ‖g_i‖²",
-                          positive, "> 0"),
+                          positive),
     }
 
     def __init__(self, n_tasks: int, **hparams: Any):

@@ -31,7 +31,6 @@ from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.hparams import HParam, non_negative
 from mtlflow.methods._support import (
     head_parameters,
-    loss_bounds,
     min_losses_hparam,
     scale_head_gradients,
     shifted_losses,
@@ -58,13 +57,12 @@ class DualBalancing(GradientMethod):
     hparams = {
         # β = 1 would keep the EMA at its initial 0: every update zero
         "beta": HParam(0.9, "EMA factor β of the log-loss gradients", lambda v: 0 <= v < 1, "in [0, 1)"),
-        "beta_sigma": HParam(0.0, "decay exponent: the EMA factor at step t is β / t^beta_sigma", non_negative, ">= 0"),
+        "beta_sigma": HParam(0.0, "decay exponent: the EMA factor at step t is β / t^beta_sigma", non_negative),
         "min_losses": min_losses_hparam(),
     }
 
     def __init__(self, n_tasks: int, **hparams: Any):
         super().__init__(n_tasks, **hparams)
-        self.min_losses = loss_bounds(self.name, n_tasks, self.hp["min_losses"])
         self.ema_grads: Tensor | None = None
         self.steps = 0
         self.heads: Sequence[Sequence[Tensor]] | None = None

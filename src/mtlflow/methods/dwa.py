@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mtlflow.core.hparams import HParam, positive
-from mtlflow.methods._support import loss_bounds, min_losses_hparam, shifted_losses
+from mtlflow.core.hparams import HParam, one_of, positive
+from mtlflow.methods._support import min_losses_hparam, shifted_losses
 from mtlflow.methods.base import LossWeighting
 
 
@@ -38,17 +38,16 @@ class DynamicWeightAverage(LossWeighting):
     paper = "Liu, Johns & Davison, End-to-End Multi-Task Learning with Attention, CVPR 2019"
     equations = "DWA: w_k = K softmax(r/T)_k, r_k = L_k(t-1)/L_k(t-2) over epochs; w = 1 for t = 1, 2"
     hparams = {
-        "temperature": HParam(2.0, "softmax temperature T", positive, "> 0"),
+        "temperature": HParam(2.0, "softmax temperature T", positive),
         "window": HParam("epoch", "'epoch' (paper: per-epoch average losses) or 'iterations' "
                          "(Nash-MTL code: means over the last iteration_window steps)",
-                         lambda v: v in ("epoch", "iterations"), "'epoch' or 'iterations'"),
-        "iteration_window": HParam(25, "steps per averaging window when window='iterations'", positive, "> 0"),
+                         one_of("epoch", "iterations")),
+        "iteration_window": HParam(25, "steps per averaging window when window='iterations'", positive),
         "min_losses": min_losses_hparam(),
     }
 
     def __init__(self, n_tasks: int, **hparams: Any):
         super().__init__(n_tasks, **hparams)
-        self.min_losses = loss_bounds(self.name, n_tasks, self.hp["min_losses"])
         #: per-epoch mean losses of the last two completed epochs (window="epoch")
         self.epoch_means: list[Tensor] = []
         self._epoch_sum = torch.zeros(n_tasks, dtype=torch.float64)

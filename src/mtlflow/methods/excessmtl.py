@@ -50,10 +50,10 @@ class ExcessMTL(GradientMethod):
                  "w ← w ⊙ exp(η e/e⁰) / Z; d = Σ w_i g_i")
     natural_scale = "mean"
     hparams = {
-        "robust_step_size": HParam(1e-2, "step η of the exponentiated weight update", positive, "> 0"),
+        "robust_step_size": HParam(1e-2, "step η of the exponentiated weight update", positive),
         "warmup_epochs": HParam(0, "epochs with uniform weights whose mean excess-risk estimate is the "
                                 "baseline (0: the first step's estimate, as the official code)",
-                                non_negative, ">= 0", kind=int),
+                                non_negative, kind=int),
     }
 
     def __init__(self, n_tasks: int, **hparams: Any):

@@ -44,7 +44,7 @@ class FairGrad(GramianWeighting):
     equations = "α-fair direction: GᵀG w = w^(-1/α), d = G w"
     natural_scale = "mean"
     hparams = {
-        "alpha": HParam(1.0, "fairness exponent α (1 = proportional fairness)", positive, "> 0"),
+        "alpha": HParam(1.0, "fairness exponent α (1 = proportional fairness)", positive),
     }
 
     def __init__(self, n_tasks: int, **hparams: Any):

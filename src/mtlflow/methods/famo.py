@@ -24,7 +24,7 @@ from torch import Tensor
 
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.hparams import HParam, non_negative, positive
-from mtlflow.methods._support import loss_bounds, min_losses_hparam
+from mtlflow.methods._support import min_losses_hparam
 from mtlflow.methods.base import LossWeighting, StepContext
 
 
@@ -35,17 +35,16 @@ class FAMO(LossWeighting):
     natural_scale = "mean"
     reference_scale = "sum"
     hparams = {
-        "w_lr": HParam(0.025, "learning rate of the logits ξ", positive, "> 0"),
+        "w_lr": HParam(0.025, "learning rate of the logits ξ", positive),
         "gamma": HParam(1e-3, "weight decay of the logits (0.01 CityScapes, 0.001 otherwise)",
-                        non_negative, ">= 0"),
-        "eps": HParam(1e-8, "ε added to L - L^min", positive, "> 0"),
+                        non_negative),
+        "eps": HParam(1e-8, "ε added to L - L^min", positive),
         "min_losses": min_losses_hparam(),
     }
 
     def __init__(self, n_tasks: int, **hparams: Any):
         super().__init__(n_tasks, **hparams)
         self.logits = torch.zeros(n_tasks, requires_grad=True)
-        self.min_losses = loss_bounds(self.name, n_tasks, self.hp["min_losses"])
         self._optimizer = torch.optim.Adam([self.logits], lr=self.hp["w_lr"], weight_decay=self.hp["gamma"])
         self._losses_before: Tensor | None = None
 

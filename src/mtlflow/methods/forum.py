@@ -133,7 +133,7 @@ class FORUM(Method):
     hparams = {
         **common_hparams(inner_steps=5, inner_lr=0.1),
         "rho": HParam(0.1, "ρ of the dynamic barrier ϕ_k = (ρ/2)‖∇q̃‖² (thesis: 0.1 MTL, 0.5 hyper-cleaning)",
-                      positive, "> 0"),
+                      positive),
         "beta_power": HParam(0.75, "momentum β_k = (k + 1)^(-beta_power) on λ (Eq. 3.30)", lambda v: 0 < v <= 1,
                              "in (0, 1]"),
         "normalize_upper_grads": HParam(False, "scale each ∇_ω F_i to unit norm (the authors' code)", kind=bool),

@@ -23,14 +23,10 @@ the method, seeded from the run seed and checkpointed.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
-from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.hparams import HParam, unit_interval
-from mtlflow.methods._support import MethodGenerator
 from mtlflow.methods.base import GradientMethod
 
 
@@ -53,23 +49,11 @@ class GradDrop(GradientMethod):
     name = "graddrop"
     paper = ("Chen et al., Just Pick a Sign: Optimizing Deep Multitask Models with Gradient Sign Dropout, "
              "NeurIPS 2020")
+    stochastic = True
     equations = "Alg. 1: P = ½(1 + Σg/Σ|g|), keep sign + where P > U, - where P < U; d = Σ (ℓ + (1-ℓ)M_i) g_i"
     hparams = {"leak": HParam(0.0, "leak ℓ: fraction of a dropped gradient that still passes", unit_interval,
                               "in [0, 1]")}
 
-    def __init__(self, n_tasks: int, **hparams: Any):
-        super().__init__(n_tasks, **hparams)
-        self.rng = MethodGenerator(self.name)
-
-    def setup(self, trainer: TrainerView) -> None:
-        self.rng.reseed(trainer.config.seed)
-
     def combine(self, grads: Tensor, losses: Tensor) -> Tensor:
         uniform = torch.rand(grads.shape[1], generator=self.rng.generator, dtype=torch.float64)
         return graddrop_direction(grads, uniform.to(grads), self.hp["leak"])
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.rng.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rng.load_state_dict(state["generator"])

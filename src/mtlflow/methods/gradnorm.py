@@ -29,7 +29,7 @@ from torch import Tensor
 
 from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.hparams import HParam, non_negative
-from mtlflow.methods._support import last_shared_layer, loss_bounds, min_losses_hparam, shifted_losses
+from mtlflow.methods._support import last_shared_layer, min_losses_hparam, shifted_losses
 from mtlflow.methods.base import LossWeighting, StepContext
 
 WEIGHT_FLOOR = 1e-6
@@ -51,15 +51,15 @@ class GradNorm(LossWeighting):
     paper = ("Chen et al., GradNorm: Gradient Normalization for Adaptive Loss Balancing in Deep Multitask "
              "Networks, ICML 2018")
     equations = "L_grad = Σ_i |G_i - Ḡ r_i^α|, w renormalised to Σ w = K"
+    learned = {"task_weights": 1.0}
+    task_weights: Tensor
     hparams = {
-        "alpha": HParam(1.5, "asymmetry α: strength of the pull towards a common training rate", non_negative, ">= 0"),
+        "alpha": HParam(1.5, "asymmetry α: strength of the pull towards a common training rate", non_negative),
         "min_losses": min_losses_hparam(),
     }
 
     def __init__(self, n_tasks: int, **hparams: Any):
         super().__init__(n_tasks, **hparams)
-        self.min_losses = loss_bounds(self.name, n_tasks, self.hp["min_losses"])
-        self.task_weights = torch.ones(n_tasks, requires_grad=True)
         self.initial_losses: Tensor | None = None
         self.shared_layer: list[Tensor] | None = None
         #: ||∇_W L_i|| of the last step (float64), for logging and tests
@@ -67,13 +67,6 @@ class GradNorm(LossWeighting):
 
     def setup(self, trainer: TrainerView) -> None:
         self.shared_layer = last_shared_layer(trainer.model)
-
-    def parameters(self) -> list[Tensor]:
-        return [self.task_weights]
-
-    def to(self, device: torch.device | str) -> "GradNorm":
-        self.task_weights = self.task_weights.detach().to(device).requires_grad_(True)
-        return self
 
     def weights(self, losses: Tensor) -> Tensor:
         return self.task_weights.detach().to(losses)
@@ -110,11 +103,10 @@ class GradNorm(LossWeighting):
             self.task_weights.mul_(self.n_tasks / self.task_weights.sum())
 
     def state_dict(self) -> dict[str, Any]:
-        return {"task_weights": self.task_weights.detach().clone(),
+        return {**super().state_dict(),
                 "initial_losses": None if self.initial_losses is None else self.initial_losses.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        with torch.no_grad():
-            self.task_weights.copy_(state["task_weights"])
+        super().load_state_dict(state)
         initial = state["initial_losses"]
         self.initial_losses = None if initial is None else initial.to("cpu", torch.float64)

@@ -29,9 +29,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.hparams import HParam, unit_interval
-from mtlflow.methods._support import MethodGenerator, gramian_numpy
+from mtlflow.methods._support import gramian_numpy
 from mtlflow.methods.base import GramianWeighting
 
 
@@ -66,15 +65,13 @@ class GradVac(GramianWeighting):
     paper = ("Wang et al., Gradient Vaccine: Investigating and Improving Multi-task Optimization in Massively "
              "Multilingual Models, ICLR 2021")
     equations = "update rule: raise cos(g_i, g_j) to the EMA target φ̂_ij; φ̂ ← (1-β)φ̂ + βφ; d = Σ_i g_i'"
-    hparams = {"beta": HParam(0.5, "EMA factor β of the target cosines", unit_interval, "in [0, 1]")}
+    hparams = {"beta": HParam(0.5, "EMA factor β of the target cosines", unit_interval)}
+
+    stochastic = True
 
     def __init__(self, n_tasks: int, **hparams: Any):
         super().__init__(n_tasks, **hparams)
-        self.rng = MethodGenerator(self.name)
         self.targets = np.zeros((n_tasks, n_tasks))
-
-    def setup(self, trainer: TrainerView) -> None:
-        self.rng.reseed(trainer.config.seed)
 
     def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:
         orders = self.rng.visiting_orders(self.n_tasks)
@@ -82,8 +79,8 @@ class GradVac(GramianWeighting):
         return torch.from_numpy(coef.sum(axis=0)).to(gramian.device)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"targets": torch.from_numpy(self.targets.copy()), "generator": self.rng.state_dict()}
+        return {**super().state_dict(), "targets": torch.from_numpy(self.targets.copy())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
         self.targets = state["targets"].to("cpu", torch.float64).numpy().copy()
-        self.rng.load_state_dict(state["generator"])

@@ -28,7 +28,6 @@ from mtlflow.methods._numerics import gramian_float64
 from mtlflow.methods._support import (
     gramian_numpy,
     head_parameters,
-    loss_bounds,
     min_losses_hparam,
     scale_head_gradients,
     shifted_losses,
@@ -43,22 +42,15 @@ class IMTL(GradientMethod):
     equations = "IMTL-L: e^{s_i} L_i - s_i; IMTL-G on e^{s_i} g_i: d = Σ α_i e^{s_i} g_i"
     natural_scale = "mean"
     hparams = {"min_losses": min_losses_hparam()}
+    learned = {"log_scales": 0.0}
+    log_scales: Tensor
 
     def __init__(self, n_tasks: int, **hparams: Any):
         super().__init__(n_tasks, **hparams)
-        self.min_losses = loss_bounds(self.name, n_tasks, self.hp["min_losses"])
-        self.log_scales = torch.zeros(n_tasks, requires_grad=True)
         self.heads: Sequence[Sequence[Tensor]] | None = None
 
     def setup(self, trainer: TrainerView) -> None:
         self.heads = head_parameters(trainer)
-
-    def parameters(self) -> list[Tensor]:
-        return [self.log_scales]
-
-    def to(self, device: torch.device | str) -> "IMTL":
-        self.log_scales = self.log_scales.detach().to(device).requires_grad_(True)
-        return self
 
     def scale_gradient(self, losses: Tensor) -> Tensor:
         """∂/∂s Σ_i (e^{s_i} L_i - s_i) = e^{s} L - 1."""
@@ -75,10 +67,3 @@ class IMTL(GradientMethod):
         self.last_weights = (alpha * scales).detach()
         scale_head_gradients(self.heads, scales)
         return alpha @ scaled
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"log_scales": self.log_scales.detach().clone()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        with torch.no_grad():
-            self.log_scales.copy_(state["log_scales"])

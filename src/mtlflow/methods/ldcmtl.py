@@ -73,8 +73,8 @@ from torch import Tensor, nn
 
 from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.errors import InvalidParameterError, NonFiniteLossError
-from mtlflow.core.hparams import HParam, non_negative, positive
-from mtlflow.methods._support import loss_bounds, min_losses_hparam
+from mtlflow.core.hparams import HParam, non_negative, one_of, positive
+from mtlflow.methods._support import min_losses_hparam
 from mtlflow.methods.base import LossWeighting, StepContext
 
 TAUS = ("sigma", "one")
@@ -177,23 +177,22 @@ class LDCMTL(LossWeighting):
                  "f + λg for (x, W); Alg. 2 / Eqs. 3-4 double loop; App. A.1 normalisations")
     hparams = {
         "penalty": HParam(20.0, "penalty constant λ: of g in form=paper (f + λg, Eq. 2), of f in form=code "
-                          "(g + λf; Table 5's 0.01-0.1 are this one)", positive, "> 0"),
+                          "(g + λf; Table 5's 0.01-0.1 are this one)", positive),
         "form": HParam("paper", "'paper': f + λ g (Eq. 2, Alg. 1); 'code': g + λ f (the official implementation)",
-                       lambda v: v in FORMS, "'paper' or 'code'"),
+                       one_of(*FORMS)),
         "tau": HParam("sigma", "upper-level weights τ: 'sigma' (τ = σ(W)) or 'one' (τ = 1)",
-                      lambda v: v in TAUS, "'sigma' or 'one'"),
+                      one_of(*TAUS)),
         "normalization": HParam("none", "loss normalisation before f and g (App. A.1): none, log, rescale",
-                                lambda v: v in NORMALISATIONS, "none, log or rescale"),
+                                one_of(*NORMALISATIONS)),
         "loss_reference": HParam("auto", "initial loss of log/rescale: 'epoch' (first step of each epoch), 'run' "
                                  "(first step of the run); auto = epoch for log, run for rescale (the paper)",
-                                 lambda v: v in LOSS_REFERENCES, "auto, epoch or run"),
+                                 one_of(*LOSS_REFERENCES)),
         "router": HParam("vector", "σ(W): 'vector' (trainable vector + softmax; QM9, CelebA) or 'mlp' (3-layer MLP "
-                         "d→d/2→d/4→K over the shared features; Cityscapes, NYU-v2)", lambda v: v in ROUTERS,
-                         "'vector' or 'mlp'"),
+                         "d→d/2→d/4→K over the shared features; Cityscapes, NYU-v2)", one_of(*ROUTERS)),
         "router_bias": HParam(True, "biases in the MLP router (NYU-v2's router has none)", kind=bool),
         "router_features": HParam("concat", "MLP router input for per-task features (MTAN, multi-input): 'concat' "
                                   "(the K task features side by side, App. A.1's counts) or 'mean' (their mean)",
-                                  lambda v: v in STACKED_FEATURES, "'concat' or 'mean'"),
+                                  one_of(*STACKED_FEATURES)),
         "sigma_min": HParam(0.0, "lower clamp of each σ_i (official code: 0.2; 0 = the paper, no clamp)",
                             lambda v: 0 <= v < 1, "in [0, 1)"),
         "sigma_max": HParam(1.0, "upper clamp of each σ_i (official code: 0.8; 1 = the paper, no clamp)",
@@ -201,20 +200,19 @@ class LDCMTL(LossWeighting):
         "router_lr": HParam(None, "router step size (default: the model's current learning rate, as the paper)",
                             lambda v: v is None or v > 0, "> 0", kind=float),
         "loop": HParam("single", "'single' (Alg. 1) or 'double' (Alg. 2: N inner steps approximating x*)",
-                       lambda v: v in LOOPS, "'single' or 'double'"),
+                       one_of(*LOOPS)),
         "inner_steps": HParam(50, "N: inner steps of the double loop (the paper's diagnostic uses 50)",
                               lambda v: v >= 1, "an integer >= 1", kind=int),
         "inner_lr": HParam(0.05, "β: step size of the inner SGD steps on g (double loop; not stated in the paper)",
-                           positive, "> 0"),
+                           positive),
         "smooth_abs": HParam(0.0, "γ of the smoothed |x| = √(x² + γ) (0 = exact |x|, the experiments)",
-                             non_negative, ">= 0"),
+                             non_negative),
         "min_losses": min_losses_hparam(),
     }
 
     def __init__(self, n_tasks: int, **hparams: Any):
         super().__init__(n_tasks, **hparams)
         hp = self.hp
-        self.min_losses = loss_bounds(self.name, n_tasks, hp["min_losses"])
         if hp["sigma_min"] >= hp["sigma_max"] or hp["sigma_min"] * n_tasks > 1 or hp["sigma_max"] * n_tasks < 1:
             raise InvalidParameterError(
                 f"ldcmtl: sigma_min={hp['sigma_min']} and sigma_max={hp['sigma_max']} leave no weights summing to 1 "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from mtlflow.core.hparams import HParam, positive
+from mtlflow.core.hparams import HParam, one_of, positive
 from mtlflow.methods.base import GramianWeighting
 from mtlflow.methods.solvers import min_norm_weights_frank_wolfe, min_norm_weights_qp
 
@@ -28,9 +28,9 @@ class MGDA(GramianWeighting):
     natural_scale = "mean"
     hparams = {
         "solver": HParam("qp", "exact QP ('qp') or the paper's Frank-Wolfe ('frank-wolfe')",
-                         lambda v: v in ("qp", "frank-wolfe"), "'qp' or 'frank-wolfe'"),
-        "max_iter": HParam(250, "Frank-Wolfe iterations", positive, "> 0"),
-        "tol": HParam(1e-5, "Frank-Wolfe stopping tolerance on the weight change", positive, "> 0"),
+                         one_of("qp", "frank-wolfe")),
+        "max_iter": HParam(250, "Frank-Wolfe iterations", positive),
+        "tol": HParam(1e-5, "Frank-Wolfe stopping tolerance on the weight change", positive),
     }
 
     def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.errors import SolverError
-from mtlflow.core.hparams import HParam, positive
+from mtlflow.core.hparams import HParam, one_of, positive
 from mtlflow.methods.base import GradInput, GramianWeighting
 from mtlflow.methods.solvers import min_norm_weights_frank_wolfe, min_norm_weights_qp
 
@@ -56,11 +56,11 @@ class MGDAUB(GramianWeighting):
     natural_scale = "mean"
     hparams = {
         "solver": HParam("qp", "exact QP ('qp') or the paper's Frank-Wolfe ('frank-wolfe')",
-                         lambda v: v in ("qp", "frank-wolfe"), "'qp' or 'frank-wolfe'"),
+                         one_of("qp", "frank-wolfe")),
         "normalization": HParam("none", "gradient normalisation before the solver: none (paper), l2, loss, loss+",
-                                lambda v: v in NORMALIZATIONS, "one of " + ", ".join(NORMALIZATIONS)),
-        "max_iter": HParam(250, "Frank-Wolfe iterations", positive, "> 0"),
-        "tol": HParam(1e-5, "Frank-Wolfe stopping tolerance on the weight change", positive, "> 0"),
+                                one_of(*NORMALIZATIONS)),
+        "max_iter": HParam(250, "Frank-Wolfe iterations", positive),
+        "tol": HParam(1e-5, "Frank-Wolfe stopping tolerance on the weight change", positive),
     }
 
     def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:

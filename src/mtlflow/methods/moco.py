@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.errors import NonFiniteValueError
-from mtlflow.core.hparams import HParam, non_negative, positive
+from mtlflow.core.hparams import HParam, non_negative, one_of, positive
 from mtlflow.methods._numerics import gramian_float64
 from mtlflow.methods.base import GradientMethod
 
@@ -67,17 +67,16 @@ class MoCo(GradientMethod):
     reference_scale = "sum"
     hparams = {
         "beta": HParam(0.5, "tracking step β (β_k = β / k^beta_sigma)", lambda v: 0 < v <= 1, "in (0, 1]"),
-        "beta_sigma": HParam(0.5, "decay exponent of the tracking step", non_negative, ">= 0"),
-        "gamma": HParam(0.1, "weight step γ (γ_k = γ / k^gamma_sigma)", positive, "> 0"),
-        "gamma_sigma": HParam(0.5, "decay exponent of the weight step", non_negative, ">= 0"),
-        "rho": HParam(0.0, "ℓ2 regularisation ρ of the weight update", non_negative, ">= 0"),
+        "beta_sigma": HParam(0.5, "decay exponent of the tracking step", non_negative),
+        "gamma": HParam(0.1, "weight step γ (γ_k = γ / k^gamma_sigma)", positive),
+        "gamma_sigma": HParam(0.5, "decay exponent of the weight step", non_negative),
+        "rho": HParam(0.0, "ℓ2 regularisation ρ of the weight update", non_negative),
         "lambda_update": HParam("projection", "'projection' onto the simplex (Algorithm 1) or 'softmax' "
-                                "(the authors' code, LibMTL)", lambda v: v in ("projection", "softmax"),
-                                "'projection' or 'softmax'"),
+                                "(the authors' code, LibMTL)", one_of("projection", "softmax")),
         "step_scale": HParam("trace", "'trace': γ_k is divided by trace(YYᵀ + ρI)/K, the mean squared norm of "
                              "the tracked gradients (a step independent of the gradient scale); 'none': γ_k "
                              "as is (Algorithm 1, for gradients of norm ~1)",
-                             lambda v: v in ("trace", "none"), "'trace' or 'none'"),
+                             one_of("trace", "none")),
         "normalize_grads": HParam(False, "rescale each task gradient to norm L_i before tracking (authors' "
                                   "code, LibMTL)", kind=bool),
     }

@@ -63,7 +63,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.errors import SolverError
-from mtlflow.core.hparams import HParam, positive
+from mtlflow.core.hparams import HParam, non_negative, positive
 from mtlflow.methods._cvx import EXP_CONE_SOLVERS, require_solver, solve_checked
 from mtlflow.methods._numerics import gramian_array
 from mtlflow.methods.base import UPDATE_WEIGHTS_EVERY, GramianWeighting
@@ -154,14 +154,14 @@ class NashMTL(GramianWeighting):
         "solver": HParam("CLARABEL", "cvxpy solver of the CCCP steps (one with exponential cones: "
                          + ", ".join(EXP_CONE_SOLVERS) + ")",
                          lambda v: v.upper() in EXP_CONE_SOLVERS, "one of " + ", ".join(EXP_CONE_SOLVERS)),
-        "optim_niter": HParam(20, "maximum CCCP iterations per solve", positive, "> 0"),
-        "residual_tol": HParam(1e-3, "stop when ‖G_n α − 1/α‖ falls below this", positive, "> 0"),
-        "step_tol": HParam(1e-6, "stop when the CCCP step ‖α − α_prev‖ falls below this", positive, "> 0"),
+        "optim_niter": HParam(20, "maximum CCCP iterations per solve", positive),
+        "residual_tol": HParam(1e-3, "stop when ‖G_n α − 1/α‖ falls below this", positive),
+        "step_tol": HParam(1e-6, "stop when the CCCP step ‖α − α_prev‖ falls below this", positive),
         "two_task_closed_form": HParam(True, "use the exact closed form for K = 2 instead of the CCCP",
                                        kind=bool),
         "update_weights_every": UPDATE_WEIGHTS_EVERY,
         "max_norm": HParam(0.0, "clip the shared parameters' gradient to this norm, as the official code "
-                           "(1.0); 0 = no clipping (the paper)", lambda v: v >= 0, ">= 0"),
+                           "(1.0); 0 = no clipping (the paper)", non_negative),
     }
 
     def __init__(self, n_tasks: int, **hparams: Any):

@@ -59,7 +59,7 @@ from torch import Tensor, nn
 from mtlflow.core import atomic
 from mtlflow.core.callbacks import Callback, StepState, TrainerView
 from mtlflow.core.errors import DataError, InvalidParameterError, NonFiniteLossError
-from mtlflow.core.hparams import HParam, non_negative, positive
+from mtlflow.core.hparams import HParam, non_negative, one_of, positive
 from mtlflow.methods.base import Method
 from mtlflow.pareto.adapters import FACTORIZATIONS, PreferenceAdapters
 from mtlflow.pareto.front import evaluate_front, front_plot, front_record, select_front, task_info
@@ -82,25 +82,25 @@ class PaLoRA(Method):
     hparams = {
         "rank": HParam(1, "rank r of every task's adapter (paper: 1 on MultiMNIST, 4 on scene understanding)",
                        _positive_int, "an integer >= 1", kind=int),
-        "alpha": HParam(5.0, "scaling α of Eq. 2 (paper grid 1, 2, 5, 10)", positive, "> 0"),
+        "alpha": HParam(5.0, "scaling α of Eq. 2 (paper grid 1, 2, 5, 10)", positive),
         "rays": HParam(0, "M rays (forward passes) per batch; 0 = 5 for 2 tasks, 10 for 3, else the "
                        "vertices+edge-midpoints grid; deterministic schedules need an even-grid size",
                        non_negative, "an integer >= 0", kind=int),
         "temperature": HParam(1.0, "annealing temperature Q of Eq. 3 (paper grid 1, 2, 5; 1 ends on the grid)",
-                              positive, "> 0"),
+                              positive),
         "schedule": HParam("annealed", "preference schedule: annealed (rays move linearly from the centre to "
                            "Eq. 3's end point g_{1,Q}, Fig. 11), annealed-eq3 (Eq. 3 literally; rays with a zero "
                            "component jump at the first step), deterministic (g_{1,Q}, no "
                            "annealing), dirichlet (Dirichlet(p·1)), dirichlet-annealed (Dirichlet(p(1-τ)·1))",
-                           lambda v: v in SCHEDULES, " or ".join(SCHEDULES), kind=str),
+                           one_of(*SCHEDULES), kind=str),
         "concentration": HParam(1.0, "Dirichlet concentration p of the random schedules (paper grid 1, 2, 5)",
-                                positive, "> 0"),
+                                positive),
         "layers": HParam("trunk", "layers with adapters: trunk (every Conv2d/Linear of the shared trunk), all "
                          "(heads too, as the paper's parameter counts imply), or comma-separated module names",
                          lambda v: bool(v.strip()), "trunk, all or module names", kind=str),
         "factorization": HParam("matrix", "Conv2d adapters: matrix (n x c·k², Sec. 4.1's mn + T·r(m+n)) or kernel "
                                 "(nk x rk · rk x ck, the layout that reproduces the paper's reported overheads)",
-                                lambda v: v in FACTORIZATIONS, " or ".join(FACTORIZATIONS), kind=str),
+                                one_of(*FACTORIZATIONS), kind=str),
         "init_from": HParam(None, "Pareto expansion: a single-point run's model.pt (LS in the paper); only the "
                             "adapters are trained", lambda v: v is None or bool(v.strip()), "a model.pt path",
                             kind=str),

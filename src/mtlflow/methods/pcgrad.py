@@ -20,14 +20,13 @@ gradients. Nash-MTL's code does not clip; the trainer clips (when asked) after t
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from mtlflow.core.callbacks import TrainerView
-from mtlflow.methods._support import MethodGenerator, gramian_numpy
+from mtlflow.methods._support import gramian_numpy
 from mtlflow.methods.base import GramianWeighting
 
 
@@ -50,22 +49,10 @@ def pcgrad_coefficients(gramian: np.ndarray, orders: Sequence[Sequence[int]]) ->
 class PCGrad(GramianWeighting):
     name = "pcgrad"
     paper = "Yu et al., Gradient Surgery for Multi-Task Learning, NeurIPS 2020"
+    stochastic = True
     equations = "Alg. 1: g_i ← g_i - (g_i·g_j/||g_j||²) g_j if g_i·g_j < 0, random order; d = Σ_i g_i"
-
-    def __init__(self, n_tasks: int, **hparams: Any):
-        super().__init__(n_tasks, **hparams)
-        self.rng = MethodGenerator(self.name)
-
-    def setup(self, trainer: TrainerView) -> None:
-        self.rng.reseed(trainer.config.seed)
 
     def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:
         orders = self.rng.visiting_orders(self.n_tasks)
         coef = pcgrad_coefficients(gramian_numpy(gramian, self.name), orders)
         return torch.from_numpy(coef.sum(axis=0)).to(gramian.device)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.rng.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rng.load_state_dict(state["generator"])

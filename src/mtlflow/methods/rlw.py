@@ -17,37 +17,21 @@ streams (data order) do not depend on the method.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
-from mtlflow.core.callbacks import TrainerView
-from mtlflow.methods._support import MethodGenerator
 from mtlflow.methods.base import LossWeighting
 
 
 class RandomLossWeighting(LossWeighting):
     name = "rlw"
     paper = "Lin et al., Reasonable Effectiveness of Random Weighting: A Litmus Test for Multi-Task Learning, TMLR 2022"
+    stochastic = True
     equations = "λ = softmax(λ̃), λ̃ ~ N(0, I) each step; L = Σ_i λ_i L_i"
     natural_scale = "mean"
     reference_scale = "sum"
-
-    def __init__(self, n_tasks: int, **hparams: Any):
-        super().__init__(n_tasks, **hparams)
-        self.rng = MethodGenerator(self.name)
-
-    def setup(self, trainer: TrainerView) -> None:
-        self.rng.reseed(trainer.config.seed)
 
     def weights(self, losses: Tensor) -> Tensor:
         """Draws the weights of one step (each call draws anew)."""
         logits = torch.randn(self.n_tasks, generator=self.rng.generator, dtype=torch.float64)
         return torch.softmax(logits, dim=0).to(losses)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.rng.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rng.load_state_dict(state["generator"])

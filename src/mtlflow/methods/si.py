@@ -12,11 +12,9 @@ unchanged. ``min_losses`` (default 0) replaces L_i by L_i - L_i^min for losses t
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import Tensor
 
-from mtlflow.methods._support import loss_bounds, min_losses_hparam, shifted_losses
+from mtlflow.methods._support import min_losses_hparam, shifted_losses
 from mtlflow.methods.base import LossWeighting
 
 
@@ -25,10 +23,6 @@ class ScaleInvariant(LossWeighting):
     paper = "Scale-invariant baseline (Σ log L_i) as in Navon et al., Multi-Task Learning as a Bargaining Game, ICML 2022"
     equations = "L = Σ_i log L_i; effective weights 1 / L_i"
     hparams = {"min_losses": min_losses_hparam()}
-
-    def __init__(self, n_tasks: int, **hparams: Any):
-        super().__init__(n_tasks, **hparams)
-        self.min_losses = loss_bounds(self.name, n_tasks, self.hp["min_losses"])
 
     def weights(self, losses: Tensor) -> Tensor:
         return 1.0 / shifted_losses(self.name, losses.detach(), self.min_losses)

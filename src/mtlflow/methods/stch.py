@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.hparams import HParam, non_negative, positive
-from mtlflow.methods._support import loss_bounds, min_losses_hparam, shifted_losses
+from mtlflow.methods._support import min_losses_hparam, shifted_losses
 from mtlflow.methods.base import LossWeighting
 
 
@@ -46,14 +46,13 @@ class SmoothTchebycheff(LossWeighting):
     paper = "Lin et al., Smooth Tchebycheff Scalarization for Multi-Objective Optimization, ICML 2024"
     equations = "g_μ = μ log Σ_i exp((f_i - z_i*)/μ) on f = log L, z* = log(nadir); Σ log L warm-up"
     hparams = {
-        "mu": HParam(1.0, "smoothing parameter μ", positive, "> 0"),
-        "warmup_epochs": HParam(4, "epochs of Σ log L_i before the nadir epoch", non_negative, ">= 0", kind=int),
+        "mu": HParam(1.0, "smoothing parameter μ", positive),
+        "warmup_epochs": HParam(4, "epochs of Σ log L_i before the nadir epoch", non_negative, kind=int),
         "min_losses": min_losses_hparam(),
     }
 
     def __init__(self, n_tasks: int, **hparams: Any):
         super().__init__(n_tasks, **hparams)
-        self.min_losses = loss_bounds(self.name, n_tasks, self.hp["min_losses"])
         self.completed_epochs = 0
         self.nadir: Tensor | None = None
         self._nadir_sum = torch.zeros(n_tasks, dtype=torch.float64)

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.errors import SolverError
-from mtlflow.core.hparams import HParam, non_negative
+from mtlflow.core.hparams import HParam, non_negative, one_of
 from mtlflow.methods._numerics import gramian_array, psd_factor
 from mtlflow.methods.base import GramianWeighting
 
@@ -109,9 +109,9 @@ class UPGrad(GramianWeighting):
     hparams = {
         "solver": HParam("nnls", "dual-cone projection: 'nnls' (exact, no ridge: never conflicts with a task, "
                          "survives singular Gramians) or 'quadprog' (TorchJD's ridge-regularised QP)",
-                         lambda v: v in ("nnls", "quadprog"), "'nnls' or 'quadprog'"),
+                         one_of("nnls", "quadprog")),
         "reg_eps": HParam(1e-4, "solver=quadprog only: ridge added to the trace-normalised Gramian (TorchJD's "
-                          "default)", non_negative, ">= 0"),
+                          "default)", non_negative),
     }
 
     def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:

@@ -15,12 +15,10 @@ public implementations do (the paper's classification form drops the ½ on the l
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
-from mtlflow.methods._support import loss_bounds, min_losses_hparam, shifted_losses
+from mtlflow.methods._support import min_losses_hparam, shifted_losses
 from mtlflow.methods.base import LossWeighting
 
 
@@ -30,19 +28,8 @@ class UncertaintyWeighting(LossWeighting):
              "Geometry and Semantics, CVPR 2018")
     equations = "L = Σ_i ½(e^{-s_i} L_i + s_i), s_i = log σ_i² learned"
     hparams = {"min_losses": min_losses_hparam()}
-
-    def __init__(self, n_tasks: int, **hparams: Any):
-        super().__init__(n_tasks, **hparams)
-        self.min_losses = loss_bounds(self.name, n_tasks, self.hp["min_losses"])
-        self.log_variances = torch.zeros(n_tasks, requires_grad=True)
-
-    def parameters(self) -> list[Tensor]:
-        return [self.log_variances]
-
-    def to(self, device: torch.device | str) -> "UncertaintyWeighting":
-        # a new leaf on the device; called before the trainer builds its optimizer
-        self.log_variances = self.log_variances.detach().to(device).requires_grad_(True)
-        return self
+    learned = {"log_variances": 0.0}
+    log_variances: Tensor
 
     def weights(self, losses: Tensor) -> Tensor:
         return 0.5 * torch.exp(-self.log_variances.detach()).to(losses)
@@ -52,10 +39,3 @@ class UncertaintyWeighting(LossWeighting):
         s = self.log_variances.to(shifted.dtype)
         self.last_weights = self.weights(shifted.detach())
         return 0.5 * (torch.exp(-s) * shifted + s).sum()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"log_variances": self.log_variances.detach().clone()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        with torch.no_grad():
-            self.log_variances.copy_(state["log_variances"])

@@ -54,7 +54,7 @@ import torch
 from torch import Tensor, nn
 
 from mtlflow.core.errors import InvalidParameterError
-from mtlflow.core.hparams import HParam, positive
+from mtlflow.core.hparams import HParam, one_of, positive
 from mtlflow.models.base import MultiTaskModel
 
 SOLVERS = ("euler", "midpoint", "rk4")
@@ -70,12 +70,12 @@ def _positions_ok(v: Any) -> bool:
 
 #: The architecture options of NORMAL (``--architecture-option KEY=VALUE``), validated like method hyper-parameters.
 OPTIONS: dict[str, HParam] = {
-    "step_size": HParam(0.1, "fixed step of the ODE solver (not stated in the thesis)", positive, "> 0"),
+    "step_size": HParam(0.1, "fixed step of the ODE solver (not stated in the thesis)", positive),
     "solver": HParam("euler", "torchdiffeq fixed-grid solver: euler (the thesis), midpoint or rk4",
-                     lambda v: v in SOLVERS, "euler, midpoint or rk4"),
+                     one_of(*SOLVERS)),
     "gradient": HParam("direct", "how Θ's gradients go through the ODE: direct (back-propagation through the "
                        "solver steps: the exact gradient of the discrete forward) or adjoint (the thesis; O(h) off)",
-                       lambda v: v in GRADIENTS, "adjoint or direct"),
+                       one_of(*GRADIENTS)),
     "xi": HParam(0.0, "ξ of the skip term ξ z(t) in dq/dt (a tuned hyper-parameter, value not stated)", kind=float),
     "omega_init": HParam(0.0, "initial ω of the damping γ = sigmoid(ω) (not stated)", kind=float),
     "initial_positions": HParam(1.0, "initial task positions p_i: one number for all tasks or one per task "
@@ -83,11 +83,11 @@ OPTIONS: dict[str, HParam] = {
                                 "a finite number or a list of finite numbers", kind=object),
     "learn_positions": HParam(True, "learn p_i (false: the ablation with constant positions)", kind=bool),
     "position_param": HParam("free", "p_i itself ('free', the thesis) or p_i = exp(v_i) ('exp', its ablation)",
-                             lambda v: v in POSITION_PARAMS, "'free' or 'exp'"),
+                             one_of(*POSITION_PARAMS)),
     "position_lr": HParam(None, "step size η of the positions (default: the model's learning rate)",
                           lambda v: v is None or v > 0, "> 0", kind=float),
     "order": HParam(2, "2: the heavy-ball ODE (the thesis); 1: first-order NODE dz/dt = g(z) (its ablation)",
-                    lambda v: v in (1, 2), "1 or 2", kind=int),
+                    one_of(1, 2), kind=int),
     "hidden": HParam(None, "hidden width of u and g (default: the feature width, as the thesis)",
                      lambda v: v is None or v >= 1, "an integer >= 1", kind=int),
     "time_input": HParam(False, "g(z, t) reads t as an extra input feature/channel (default: g(z))", kind=bool),

@@ -7,7 +7,7 @@ is fixed at compile time, like the volume mounts that back it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: mount root of the PVCs in every pipeline pod
 CLUSTER_ROOT = "/mnt/mtlflow"
@@ -15,9 +15,30 @@ CLUSTER_ROOT = "/mnt/mtlflow"
 VOLUMES = {"mtlflow-data": "data", "mtlflow-checkpoints": "checkpoints", "mtlflow-models": "models"}
 
 
+#: where each kind of state lives, as path parts under the root
+PLACES = {
+    "dvc_remote": ("data", "dvc-remote"),
+    "dvc_cache": ("data", "dvc-cache"),
+    "datasets": ("data", "datasets"),
+    "checkpoints": ("checkpoints", "runs"),
+    "status": ("checkpoints", "status"),
+    "models": ("models",),
+}
+
+
 @dataclass(frozen=True)
 class StorageLayout:
     root: str = CLUSTER_ROOT
+    dvc_remote: str = field(init=False)  # the default DVC remote: a local directory on the data volume
+    dvc_cache: str = field(init=False)  # DVC's cache, shared by the data steps
+    datasets: str = field(init=False)  # data sets staged for jobs outside KFP (TrainJobs), by content hash
+    checkpoints: str = field(init=False)  # run directories (checkpoints, resumable), by run key
+    status: str = field(init=False)  # one status record per pipeline run
+    models: str = field(init=False)  # the model store (champions per benchmark)
+
+    def __post_init__(self) -> None:
+        for place, parts in PLACES.items():
+            object.__setattr__(self, place, self._sub(*parts))
 
     def _sub(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
@@ -25,29 +46,3 @@ class StorageLayout:
     def mount(self, claim: str) -> str:
         """Mount path of a PVC."""
         return self._sub(VOLUMES[claim])
-
-    @property
-    def dvc_remote(self) -> str:
-        """The default DVC remote: a local directory on the data volume."""
-        return self._sub("data", "dvc-remote")
-
-    @property
-    def dvc_cache(self) -> str:
-        return self._sub("data", "dvc-cache")
-
-    @property
-    def datasets(self) -> str:
-        """Datasets staged for jobs outside KFP (TrainJobs), by content hash."""
-        return self._sub("data", "datasets")
-
-    @property
-    def checkpoints(self) -> str:
-        return self._sub("checkpoints", "runs")
-
-    @property
-    def status(self) -> str:
-        return self._sub("checkpoints", "status")
-
-    @property
-    def models(self) -> str:
-        return self._sub("models")

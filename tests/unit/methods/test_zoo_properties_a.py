@@ -114,8 +114,7 @@ def test_si_is_invariant_to_loss_scale_and_uses_lower_bounds() -> None:
 def test_rlw_weights_on_simplex_reproducible_and_checkpointed() -> None:
     k = 4
     losses = torch.ones(k, dtype=torch.float64)
-    rlw = methods.build("rlw", k)
-    rlw.setup(fake_trainer(seed=3))
+    rlw = methods.build("rlw", k, 3)
     draws = torch.stack([rlw.weights(losses) for _ in range(2000)])
     assert torch.all(draws > 0)
     torch.testing.assert_close(draws.sum(dim=1), torch.ones(2000, dtype=torch.float64))
@@ -125,11 +124,9 @@ def test_rlw_weights_on_simplex_reproducible_and_checkpointed() -> None:
     log_ratio = (draws[:, 0] / draws[:, 1]).log()
     assert float(log_ratio.var()) == pytest.approx(2.0, rel=0.1)
 
-    same = methods.build("rlw", k)
-    same.setup(fake_trainer(seed=3))
+    same = methods.build("rlw", k, 3)
     torch.testing.assert_close(torch.stack([same.weights(losses) for _ in range(2000)]), draws)
-    other = methods.build("rlw", k)
-    other.setup(fake_trainer(seed=4))
+    other = methods.build("rlw", k, 4)
     assert not torch.allclose(other.weights(losses), draws[0])
 
     resumed = roundtrip(rlw)
@@ -498,9 +495,7 @@ def test_pcgrad_matches_torchjd_on_the_same_orders(seed: int, k: int, p: int) ->
 def test_pcgrad_orders_are_seeded_and_checkpointed() -> None:
     grads = jacobian(3, 5, 8)
     losses = torch.ones(5, dtype=torch.float64)
-    a, b = methods.build("pcgrad", 5), methods.build("pcgrad", 5)
-    a.setup(fake_trainer(seed=1))
-    b.setup(fake_trainer(seed=1))
+    a, b = methods.build("pcgrad", 5, 1), methods.build("pcgrad", 5, 1)
     torch.testing.assert_close(a.combine(grads, losses), b.combine(grads, losses))
     clone = roundtrip(a)
     for _ in range(3):
@@ -554,8 +549,7 @@ def test_graddrop_matches_torchjd_with_the_same_thresholds(seed: int, k: int, p:
 
 def test_graddrop_generator_roundtrip() -> None:
     grads = jacobian(0, 3, 50)
-    gd = methods.build("graddrop", 3)
-    gd.setup(fake_trainer(seed=5))
+    gd = methods.build("graddrop", 3, 5)
     gd.combine(grads, torch.ones(3))
     clone = roundtrip(gd)
     torch.testing.assert_close(clone.combine(grads, torch.ones(3)), gd.combine(grads, torch.ones(3)))
@@ -629,8 +623,7 @@ def test_gradvac_matches_torchjd_over_several_steps(seed: int, k: int, p: int) -
 
 def test_gradvac_state_roundtrip() -> None:
     k = 4
-    vac = methods.build("gradvac", k, beta=0.2)
-    vac.setup(fake_trainer(seed=2))
+    vac = methods.build("gradvac", k, 2, beta=0.2)
     for step in range(3):
         vac.combine(jacobian(step, k, 9), torch.ones(k))
     assert np.any(vac.targets != 0)
