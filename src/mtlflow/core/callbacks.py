@@ -21,7 +21,7 @@ from torch import Tensor
 if TYPE_CHECKING:  # pragma: no cover
     from mtlflow.benchmarks.base import Benchmark, BenchmarkData
     from mtlflow.config.run import RunConfig
-    from mtlflow.methods.base import Method
+    from mtlflow.methods.base import Method, StepContext
     from mtlflow.metrics.task import TaskSpec
     from mtlflow.models.base import MultiTaskModel
 
@@ -59,6 +59,14 @@ class TrainerView(Protocol):
     def task_losses(self, preds: Sequence[Tensor], targets: Sequence[Tensor]) -> list[Tensor]: ...
 
     def forward_losses(self, batch: Any) -> tuple[Tensor, list[Tensor]]: ...
+
+    def update_scale(self, natural_scale: str) -> float:
+        """The factor of a method's update: K for "mean" methods when the run rescales, else 1."""
+        ...
+
+    def optimizer_step(self, state: StepState, ctx: StepContext | None = None) -> None:
+        """Clipping, then the optimizer step between the callbacks' hooks (and the method's, given ``ctx``)."""
+        ...
 
 
 @dataclass

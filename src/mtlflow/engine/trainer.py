@@ -58,6 +58,7 @@ from mtlflow.core.callbacks import Callback, StepState
 from mtlflow.core.errors import DataError, InvalidParameterError, NonFiniteLossError
 from mtlflow.core.seeding import capture_rng_state, epoch_generator, restore_rng_state, seed_everything
 from mtlflow.engine import distributed
+from mtlflow.engine import step as step_rules
 from mtlflow.engine.schedulers import build_scheduler
 from mtlflow.grad_engine import (
     AutogramGramian,
@@ -248,14 +249,14 @@ class Trainer:
         """Each trained task's loss of its prediction."""
         return [task.loss(pred, target) for task, pred, target in zip(self.tasks, preds, targets)]
 
-    def _forward(self, batch: Any) -> ForwardPass:
+    def forward_pass(self, batch: Any) -> ForwardPass:
         """Shared features z, then the heads and the K task losses (``model(x)`` split at z)."""
         inputs, targets = self.inputs_targets(batch)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.amp == "bf16"):
             features = self.model.features(inputs)
             return ForwardPass(self.task_losses(self.model.forward_heads(features), targets), features)
 
-    def _step_problem(self, batch: Any) -> StepProblem:
+    def step_problem(self, batch: Any) -> StepProblem:
         """The batch as the engine sees it: a forward pass and its functional form (``torch.func``)."""
         inputs, targets = self.inputs_targets(batch)
 
@@ -264,10 +265,10 @@ class Trainer:
                 preds = torch.func.functional_call(self.model, overrides, (inputs,))
                 return torch.stack(self.task_losses(preds, targets))
 
-        return StepProblem(self.model, self.shared, self.task_params, lambda: self._forward(batch), functional_losses)
+        return StepProblem(self.model, self.shared, self.task_params, lambda: self.forward_pass(batch), functional_losses)
 
     def _losses(self, batch: Any) -> tuple[Tensor, list[Tensor]]:
-        forward = self._forward(batch)
+        forward = self.forward_pass(batch)
         return forward.stacked, forward.losses
 
     def _check_finite(self, losses: Tensor, epoch: int) -> None:
@@ -323,22 +324,20 @@ class Trainer:
                 info["cosines"] = _cosines_to_mean(work.gramian)
             elif work.jacobian is not None:
                 info["cosines"] = _jacobian_cosines_to_mean(work.jacobian)
-        if self.config.clip_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_grad_norm)
-        shared_max_norm = self.method.shared_grad_max_norm()
-        if shared_max_norm is not None:  # a method's official clipping of the shared parameters only
-            torch.nn.utils.clip_grad_norm_(self.shared, shared_max_norm)
-        for cb in self.callbacks:
-            cb.before_optimizer_step(self, state)
-        self.optimizer.step()
-        self.method.after_optimizer_step(ctx)
-        for cb in self.callbacks:
-            cb.after_optimizer_step(self, state)
+        self.optimizer_step(state, ctx)
         self.global_step += 1
         if self.method.last_weights is not None:
             info["weights"] = self.method.last_weights.detach().to("cpu", torch.float64)
         info.update(state.info)
         return info
+
+    def update_scale(self, natural_scale: str) -> float:
+        """The factor of a method's update in this run (:func:`mtlflow.engine.step.update_scale`)."""
+        return step_rules.update_scale(natural_scale, len(self.tasks), self.config.rescale)
+
+    def optimizer_step(self, state: StepState, ctx: StepContext | None = None) -> None:
+        """Clipping, the optimizer step and the hooks around it (:func:`mtlflow.engine.step.optimizer_step`)."""
+        step_rules.optimizer_step(self, state, ctx)
 
     def _reuses_weights(self) -> bool:
         """An amortised step: the method's ``update_weights_every`` N > 1 and this step is not a multiple of N."""
@@ -351,15 +350,15 @@ class Trainer:
         if mode in ("jacobian", "gramian", "representation") and self._reuses_weights():
             mode = "reuse"
         if mode == "jacobian" and self._jacobian_backend.runs_forward:
-            forward, grads = self._jacobian_backend.jacobian(self._step_problem(batch))
+            forward, grads = self._jacobian_backend.jacobian(self.step_problem(batch))
             self._check_finite(forward.stacked, epoch)
             return _StepWork(mode, forward, jacobian=grads)
         if mode == "gramian":
             with self._autogram.hooked(self.model):
-                forward = self._forward(batch)
+                forward = self.forward_pass(batch)
             self._check_finite(forward.stacked, epoch)
             return _StepWork(mode, forward, gramian=self._autogram.gramian(forward.stacked))
-        forward = self._forward(batch)
+        forward = self.forward_pass(batch)
         self._check_finite(forward.stacked, epoch)
         if mode == "jacobian":
             grads = self._jacobian_backend.differentiate(forward, self.shared, self.task_params, retain_graph=False)
@@ -377,7 +376,7 @@ class Trainer:
     def _apply_update(self, work: "_StepWork", state: StepState) -> float | None:
         """Write the method's update into ``.grad`` (heads: plain gradients); returns the solver time."""
         method = self.method
-        scale = float(len(self.tasks)) if self.config.rescale and method.natural_scale == "mean" else 1.0
+        scale = self.update_scale(method.natural_scale)
         losses = work.losses.detach()
         if work.mode == "losses":
             objective = method.objective(work.losses)

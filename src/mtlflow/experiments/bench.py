@@ -183,12 +183,12 @@ def measure_engine(bench: Benchmark, data: BenchmarkData, batch: Any, rows: Sequ
 
     def single() -> None:
         trainer.model.zero_grad(set_to_none=True)
-        trainer._forward(batch).stacked.sum().backward()
+        trainer.forward_pass(batch).stacked.sum().backward()
 
     def plain_loop() -> None:
         # the yardstick, as one would write it: K autograd.grad calls, each row flattened, then stacked
         trainer.model.zero_grad(set_to_none=True)
-        losses = trainer._forward(batch).losses
+        losses = trainer.forward_pass(batch).losses
         rows = []
         for i, loss in enumerate(losses):
             grads = torch.autograd.grad(loss, [*shared, *heads[i]], retain_graph=i < len(losses) - 1)
@@ -200,19 +200,19 @@ def measure_engine(bench: Benchmark, data: BenchmarkData, batch: Any, rows: Sequ
 
         def run() -> None:
             trainer.model.zero_grad(set_to_none=True)
-            engine.jacobian(trainer._step_problem(batch))
+            engine.jacobian(trainer.step_problem(batch))
         return run
 
     def gramian() -> None:
         trainer.model.zero_grad(set_to_none=True)
         with autogram.hooked(trainer.model):
-            forward = trainer._forward(batch)
+            forward = trainer.forward_pass(batch)
         autogram.gramian(forward.stacked)
         backward_heads(forward.losses, heads)
 
     def representation() -> None:
         trainer.model.zero_grad(set_to_none=True)
-        representation_jacobian(trainer._forward(batch), heads)
+        representation_jacobian(trainer.forward_pass(batch), heads)
 
     runners: dict[str, Callable[[], None]] = {"single": single, "plain-loop": plain_loop, "autogram": gramian,
                                               "representation": representation}

@@ -46,6 +46,7 @@ from mtlflow.benchmarks.toy import (
 )
 from mtlflow.core import atomic
 from mtlflow.core.errors import InvalidParameterError, MtlflowError
+from mtlflow.engine.step import clip_gradients, update_scale
 from mtlflow.jobs import resolved_hparams
 from mtlflow.methods.base import GradientMethod, GramianWeighting, LossWeighting, Method, StepContext
 from mtlflow.methods.solvers import two_task_min_norm
@@ -182,7 +183,7 @@ def run_method(name: str, steps: int = DEFAULT_STEPS, scale: float = 0.1, lr: fl
     if method_params:
         groups.append({"params": method_params, "lr": METHOD_LR})
     optimizer = torch.optim.Adam(groups, lr=lr)
-    scale_k = 2.0 if cls.natural_scale == "mean" else 1.0
+    scale_k = update_scale(cls.natural_scale, n_tasks=2)
     every = max(1, steps // MAX_TRACE_POINTS)
     trace, trace_steps = [x.detach().clone()], [0]
     started = time.perf_counter()
@@ -242,6 +243,7 @@ def _step(instances: Sequence[Method], x: Tensor, optimizer: torch.optim.Optimiz
             raise InvalidParameterError(f"{first.name} produced a non-finite update")
     else:
         raise InvalidParameterError(f"{first.name} is neither loss weighting nor a gradient method")
+    clip_gradients([x], [x], None, first)  # the trainer's rule; the toy run sets no global clipping
     optimizer.step()
     for m, ctx in zip(instances, contexts):
         m.after_optimizer_step(ctx)
@@ -470,7 +472,7 @@ def run_method_with_cost(name: str, steps: int, scale: float = 0.1, lr: float = 
         result.status, result.note = "skipped", "owns its training step (custom_step)"
         return result, []
     hp = resolved_hparams(Toy(scale=scale), name, hparams)
-    scale_k = 2.0 if cls.natural_scale == "mean" else 1.0
+    scale_k = update_scale(cls.natural_scale, n_tasks=2)
     x = torch.nn.Parameter(torch.tensor(starts, dtype=torch.float64))
     instances = [method_registry.build(name, 2, **hp) for _ in starts]
     groups: list[dict[str, Any]] = [{"params": [x]}]

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, Subset
 
-from mtlflow.core.callbacks import TrainerView
+from mtlflow.core.callbacks import StepState, TrainerView
 from mtlflow.core.errors import InvalidParameterError, NonFiniteLossError
 from mtlflow.core.hparams import HParam, one_of, positive
 from mtlflow.methods._support import MethodGenerator
@@ -293,7 +293,7 @@ class BilevelState:
 
     def lower_scale(self, trainer: TrainerView) -> float:
         """×K for task weights under the trainer's rescaling convention (α = 1/K then equals LS)."""
-        return float(len(trainer.tasks)) if trainer.config.rescale and self.upper.natural_scale == "mean" else 1.0
+        return trainer.update_scale(self.upper.natural_scale)
 
     def state_dict(self) -> dict[str, Any]:
         return {"variable": self.upper.variable.detach().clone(), "optimizer": self.optimizer.state_dict(),
@@ -307,8 +307,10 @@ class BilevelState:
         self.inner_sampler.load_state_dict(state["inner_sampler"])
 
 
-def step_model(trainer: TrainerView, grads: dict[str, Tensor] | None = None, objective: Tensor | None = None) -> None:
-    """One step of the trainer's optimizer on ω: from explicit gradients or by back-propagating ``objective``."""
+def step_model(trainer: TrainerView, state: StepState, grads: dict[str, Tensor] | None = None,
+               objective: Tensor | None = None) -> None:
+    """The step's one update of ω, from explicit gradients or by back-propagating ``objective``, through the
+    trainer's step rules (clipping, callbacks)."""
     trainer.optimizer.zero_grad(set_to_none=True)
     if objective is not None:
         objective.backward()
@@ -316,7 +318,5 @@ def step_model(trainer: TrainerView, grads: dict[str, Tensor] | None = None, obj
         params = dict(trainer.model.named_parameters())
         for name, grad in grads.items():
             params[name].grad = grad.detach().to(params[name].dtype)
-    if trainer.config.clip_grad_norm is not None:
-        torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), trainer.config.clip_grad_norm)
-    trainer.optimizer.step()
+    trainer.optimizer_step(state)
 

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtlflow.core.callbacks import TrainerView
+from mtlflow.core.callbacks import StepState, TrainerView
 from mtlflow.core.errors import NonFiniteValueError, SolverError
 from mtlflow.core.hparams import HParam, positive
 from mtlflow.methods._moblo import BilevelState, check_finite, common_hparams, step_model
@@ -205,10 +205,12 @@ class FORUM(Method):
         omega_direction = (lam @ upper_grads + nu * f_omega) * state.lower_scale(trainer)
         state.step_upper(nu * q_alpha)
         offsets = np.cumsum([0] + [p.numel() for p in params])
-        step_model(trainer, grads={name: omega_direction[offsets[i]:offsets[i + 1]].view_as(p)
-                                   for i, (name, p) in enumerate(live.items())})
+        step_state = StepState(epoch=epoch, step=trainer.global_step, batch=batch, losses=losses.detach())
+        step_model(trainer, step_state, grads={name: omega_direction[offsets[i]:offsets[i + 1]].view_as(p)
+                                               for i, (name, p) in enumerate(live.items())})
         self.last_weights = upper.weights_summary().to("cpu", torch.float64)
-        return {"losses": losses.detach(), "weights": self.last_weights, "solver_seconds": solver_seconds}
+        return {"losses": losses.detach(), "weights": self.last_weights, "solver_seconds": solver_seconds,
+                **step_state.info}
 
     @staticmethod
     def _gram(upper_grads: Tensor, f_omega: Tensor, q_alpha: Tensor) -> Tensor:

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from mtlflow.core.callbacks import TrainerView
+from mtlflow.core.callbacks import StepState, TrainerView
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.hparams import HParam
 from mtlflow.methods._moblo import BilevelState, check_finite, common_hparams, step_model
@@ -120,9 +120,11 @@ class MOML(Method):
         losses = model.task_losses(preds, targets)
         check_finite(losses, self.name, trainer, "training losses")
         objective = upper.lower_objective(upper.variable, model, preds, targets) * state.lower_scale(trainer)
-        step_model(trainer, objective=objective)
+        step_state = StepState(epoch=epoch, step=trainer.global_step, batch=batch, losses=losses.detach())
+        step_model(trainer, step_state, objective=objective)
         self.last_weights = upper.weights_summary().to("cpu", torch.float64)
-        return {"losses": losses.detach(), "weights": self.last_weights, "solver_seconds": solver_seconds}
+        return {"losses": losses.detach(), "weights": self.last_weights, "solver_seconds": solver_seconds,
+                **step_state.info}
 
     def state_dict(self) -> dict[str, Any]:
         return {"bilevel": self.state.state_dict(), "solver": self.solver.state_dict()}

@@ -189,15 +189,9 @@ class PaLoRA(Method):
                 # λ builds the weights (Eq. 2) and weights the losses: λᵀ L; gradients accumulate over rays
                 (lam.to(losses) * losses).sum().backward()
             loss_sum = losses.detach() if loss_sum is None else loss_sum + losses.detach()
-        if trainer.config.clip_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), trainer.config.clip_grad_norm)
         mean_losses = loss_sum / len(rays)
         state = StepState(epoch=epoch, step=trainer.global_step, batch=batch, losses=mean_losses)
-        for cb in trainer.callbacks:
-            cb.before_optimizer_step(trainer, state)
-        trainer.optimizer.step()
-        for cb in trainer.callbacks:
-            cb.after_optimizer_step(trainer, state)
+        trainer.optimizer_step(state)
         self.last_weights = rays.mean(dim=0).to("cpu", torch.float64)
         return {"losses": mean_losses, "weights": self.last_weights, **state.info}
 

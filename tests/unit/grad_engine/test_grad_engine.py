@@ -278,7 +278,7 @@ def test_reuse_step_back_propagates_the_reused_weights(test_methods: Any, multim
     trainer.optimizer.step = lambda: None  # keep .grad and the parameters as they are after the update
     trainer.train_step(batch, 1)
     assert CountingMinNorm.solves == 1
-    forward = trainer._forward(batch)
+    forward = trainer.forward_pass(batch)
     jac = torch.stack([torch.cat([g.reshape(-1) for g in torch.autograd.grad(l, trainer.shared, retain_graph=True)])
                        for l in forward.losses])
     shared = torch.cat([p.grad.reshape(-1) for p in trainer.shared])

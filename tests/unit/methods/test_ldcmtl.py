@@ -124,7 +124,7 @@ def manual_gradients(trainer, batch, method: LDCMTL, snapshot_model: dict, snaps
     model = trainer.model
     model.load_state_dict(snapshot_model)
     method.router.load_state_dict(snapshot_router)
-    forward = trainer._forward(batch)
+    forward = trainer.forward_pass(batch)
     losses = forward.stacked
     sigma = method.router(forward.features.detach())
     tau = sigma if method.hp["tau"] == "sigma" else torch.ones_like(sigma)
@@ -163,7 +163,7 @@ def test_double_loop_adds_only_the_router_correction(multimnist_small: Path, tmp
                             inner_steps=3, inner_lr=1e-9)
     single.train_step(batch, epoch=1)
     with torch.no_grad():
-        losses = double._forward(batch).stacked
+        losses = double.forward_pass(batch).stacked
     counter = CallCounter(monkeypatch)
     double.train_step(batch, epoch=1)
     assert (counter.backward, counter.grad) == (1, 3)  # N inner gradient steps, then the one joint backward
