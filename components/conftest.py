@@ -20,7 +20,7 @@ def tiny_dataset(tmp_path_factory):
     from mtlflow.components.prepare_data.component import prepare_data
 
     data = dsl.Dataset(uri=str(tmp_path_factory.mktemp("artifacts") / "data"))
-    tasks = prepare_data.python_func(benchmark="multimnist", options=dict(TINY), data=data)
+    tasks = prepare_data.python_func(benchmark="multimnist", data_options=dict(TINY), data=data)
     return data, tasks
 
 

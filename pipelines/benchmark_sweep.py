@@ -21,10 +21,12 @@ from mtlflow.components.plan_runs.component import plan_references, plan_runs
 from mtlflow.components.prepare_data.component import prepare_data
 from mtlflow.components.record_status.component import record_status
 from mtlflow.components.train.component import train
+from mtlflow.config.pipeline import SweepConfig
 from mtlflow.ops.storage import CLUSTER_ROOT, StorageLayout
 from mtlflow.pipelines import cluster
 
-DEFAULT_METHODS = ["ls", "mgda", "famo", "fairgrad"]
+#: the pipeline's parameters: SweepConfig's fields, with its defaults (`mtlflow config schema --of sweep`)
+DEFAULTS = SweepConfig.defaults()
 #: concurrent training tasks per loop on the cluster (a compile-time constant in KFP)
 PARALLELISM = 4
 
@@ -40,21 +42,20 @@ def status_handler(pipeline: str, layout: StorageLayout, pushgateway="") -> dsl.
 
 def versioned_data(layout: StorageLayout, benchmark, data_options, data_version, dvc_remote) -> dsl.PipelineTask:
     """prepare_data with the DVC remote (Secret on the cluster, the data volume's directory by default)."""
-    task = prepare_data(benchmark=benchmark, options=data_options, data_version=data_version,
+    task = prepare_data(benchmark=benchmark, data_options=data_options, data_version=data_version,
                         dvc_remote=dvc_remote, default_remote=layout.dvc_remote, dvc_cache=layout.dvc_cache)
     task.set_display_name("prepare and version data")
     return cluster.data_access(task, layout)
 
 
 def training(layout: StorageLayout, data, run_spec, epochs, train_options, pushgateway="",
-             pipeline_name: str = "", teleport=None, teleport_options=None) -> dsl.PipelineTask:
+             pipeline_name: str = "") -> dsl.PipelineTask:
     """One GPU training task that checkpoints to (and resumes from) the checkpoints volume -- in a
     directory of this pipeline run only -- and pushes its telemetry to ``pushgateway`` (empty: off)
     labelled ``pipeline=pipeline_name``."""
     task = train(data=data, run_spec=run_spec, epochs=epochs, train_options=train_options,
                  checkpoint_root=layout.checkpoints, pushgateway=pushgateway, pipeline_name=pipeline_name,
-                 run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                 **({} if teleport is None else {"teleport": teleport, "teleport_options": teleport_options}))
+                 run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
     return cluster.gpu_training(task, layout)
 
 
@@ -68,19 +69,17 @@ def build_benchmark_sweep(parallelism: int = PARALLELISM, storage_root: str = CL
                   "seeds and single-task references, evaluate, and compare them by Δm%, mean rank, "
                   "hypervolume and Pareto set; the run status is always recorded.")
     def benchmark_sweep(
-        benchmark: str = "multimnist",
-        data_options: dict = {},
-        data_version: str = "",
-        dvc_remote: str = "",
-        methods: List[str] = DEFAULT_METHODS,
-        seeds: List[int] = [0],
-        method_hparams: dict = {},
-        epochs: int = 10,
-        train_options: dict = {"device": "auto"},
-        reference_seeds: List[int] = [0],
-        pushgateway: str = "",
-        teleport: str = "",
-        teleport_options: dict = {},
+        benchmark: str = DEFAULTS["benchmark"],
+        data_options: dict = DEFAULTS["data_options"],
+        data_version: str = DEFAULTS["data_version"],
+        dvc_remote: str = DEFAULTS["dvc_remote"],
+        methods: List[str] = DEFAULTS["methods"],
+        seeds: List[int] = DEFAULTS["seeds"],
+        method_hparams: dict = DEFAULTS["method_hparams"],
+        epochs: int = DEFAULTS["epochs"],
+        train_options: dict = DEFAULTS["train_options"],
+        reference_seeds: List[int] = DEFAULTS["reference_seeds"],
+        pushgateway: str = DEFAULTS["pushgateway"],
     ):
         with dsl.ExitHandler(status_handler("benchmark_sweep", layout, pushgateway), name="sweep"):
             prep = versioned_data(layout, benchmark, data_options, data_version, dvc_remote)
@@ -88,8 +87,7 @@ def build_benchmark_sweep(parallelism: int = PARALLELISM, storage_root: str = CL
             runs = cluster.light(plan_runs(methods=methods, seeds=seeds, method_hparams=method_hparams))
             refs = cluster.light(plan_references(tasks=prep.outputs["Output"], seeds=reference_seeds))
             with dsl.ParallelFor(runs.output, parallelism=parallelism) as run_spec:
-                trained = training(layout, data, run_spec, epochs, train_options, pushgateway, "benchmark_sweep",
-                                   teleport=teleport, teleport_options=teleport_options)
+                trained = training(layout, data, run_spec, epochs, train_options, pushgateway, "benchmark_sweep")
                 trained.set_display_name("train method")
                 cluster.light(evaluate(data=data, run=trained.outputs["run"], split="test"))
             with dsl.ParallelFor(refs.output, parallelism=parallelism) as ref_spec:

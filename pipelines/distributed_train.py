@@ -18,9 +18,13 @@ from mtlflow.components.evaluate.component import evaluate
 from mtlflow.components.image import IMAGE
 from mtlflow.components.launch_trainjob.component import launch_trainjob
 from mtlflow.components.plan_runs.component import plan_run
+from mtlflow.config.pipeline import DistributedTrainConfig
 from mtlflow.ops.storage import CLUSTER_ROOT, StorageLayout
 from mtlflow.pipelines import cluster
 from mtlflow.pipelines.benchmark_sweep import PARALLELISM, status_handler, versioned_data
+
+#: the pipeline's parameters: DistributedTrainConfig's fields, with its defaults
+DEFAULTS = DistributedTrainConfig.defaults()
 
 
 def build_distributed_train(parallelism: int = PARALLELISM, storage_root: str = CLUSTER_ROOT):
@@ -30,19 +34,19 @@ def build_distributed_train(parallelism: int = PARALLELISM, storage_root: str = 
     @dsl.pipeline(name="mtlflow-distributed-train", description="Train one method with torchrun on several "
                   "GPUs as a TrainJob (or PyTorchJob) and evaluate it.")
     def distributed_train(
-        benchmark: str = "multimnist",
-        data_options: dict = {},
-        data_version: str = "",
-        dvc_remote: str = "",
-        method: str = "fairgrad",
-        seed: int = 0,
-        hparams: dict = {},
-        epochs: int = 10,
-        train_options: dict = {"device": "cuda"},
-        job_kind: str = "TrainJob",
-        num_nodes: int = 1,
-        gpus_per_node: int = 2,
-        pushgateway: str = "",
+        benchmark: str = DEFAULTS["benchmark"],
+        data_options: dict = DEFAULTS["data_options"],
+        data_version: str = DEFAULTS["data_version"],
+        dvc_remote: str = DEFAULTS["dvc_remote"],
+        method: str = DEFAULTS["method"],
+        seed: int = DEFAULTS["seed"],
+        hparams: dict = DEFAULTS["hparams"],
+        epochs: int = DEFAULTS["epochs"],
+        train_options: dict = DEFAULTS["train_options"],
+        job_kind: str = DEFAULTS["job_kind"],
+        num_nodes: int = DEFAULTS["num_nodes"],
+        gpus_per_node: int = DEFAULTS["gpus_per_node"],
+        pushgateway: str = DEFAULTS["pushgateway"],
     ):
         with dsl.ExitHandler(status_handler("distributed_train", layout, pushgateway), name="distributed-train"):
             prep = versioned_data(layout, benchmark, data_options, data_version, dvc_remote)

@@ -2,9 +2,9 @@
 cluster settings (GPUs, PVCs, retries, Secrets) ignored by kfp.local. Kept as a name for the CLI
 (``--pipeline main``) and for code written against issue 2."""
 
-from mtlflow.pipelines.benchmark_sweep import DEFAULT_METHODS, PARALLELISM, build_benchmark_sweep
+from mtlflow.pipelines.benchmark_sweep import PARALLELISM, build_benchmark_sweep
 
 build_main_pipeline = build_benchmark_sweep
 main_pipeline = build_benchmark_sweep()
 
-__all__ = ["DEFAULT_METHODS", "PARALLELISM", "build_main_pipeline", "main_pipeline"]
+__all__ = ["PARALLELISM", "build_main_pipeline", "main_pipeline"]

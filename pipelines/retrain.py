@@ -15,9 +15,13 @@ from kfp import dsl
 from mtlflow.components.evaluate.component import evaluate
 from mtlflow.components.plan_runs.component import plan_run
 from mtlflow.components.promote.component import compare_to_champion, promote
+from mtlflow.config.pipeline import RetrainConfig
 from mtlflow.ops.storage import CLUSTER_ROOT, StorageLayout
 from mtlflow.pipelines import cluster
 from mtlflow.pipelines.benchmark_sweep import PARALLELISM, status_handler, training, versioned_data
+
+#: the pipeline's parameters: RetrainConfig's fields, with its defaults
+DEFAULTS = RetrainConfig.defaults()
 
 
 def build_retrain(parallelism: int = PARALLELISM, storage_root: str = CLUSTER_ROOT):
@@ -27,17 +31,17 @@ def build_retrain(parallelism: int = PARALLELISM, storage_root: str = CLUSTER_RO
     @dsl.pipeline(name="mtlflow-retrain", description="Retrain one method on a new data version, evaluate it "
                   "against the champion's stored test metrics and promote it to the model store if better.")
     def retrain(
-        benchmark: str = "multimnist",
-        data_options: dict = {},
-        data_version: str = "",
-        dvc_remote: str = "",
-        method: str = "fairgrad",
-        seed: int = 0,
-        hparams: dict = {},
-        epochs: int = 10,
-        train_options: dict = {"device": "auto"},
-        min_improvement: float = 0.0,
-        pushgateway: str = "",
+        benchmark: str = DEFAULTS["benchmark"],
+        data_options: dict = DEFAULTS["data_options"],
+        data_version: str = DEFAULTS["data_version"],
+        dvc_remote: str = DEFAULTS["dvc_remote"],
+        method: str = DEFAULTS["method"],
+        seed: int = DEFAULTS["seed"],
+        hparams: dict = DEFAULTS["hparams"],
+        epochs: int = DEFAULTS["epochs"],
+        train_options: dict = DEFAULTS["train_options"],
+        min_improvement: float = DEFAULTS["min_improvement"],
+        pushgateway: str = DEFAULTS["pushgateway"],
     ):
         with dsl.ExitHandler(status_handler("retrain", layout, pushgateway), name="retrain"):
             prep = versioned_data(layout, benchmark, data_options, data_version, dvc_remote)

@@ -72,74 +72,12 @@ def load_params(path: str | None, overrides: Mapping[str, Any]) -> dict[str, Any
     return params
 
 
-def _check_train_options(bench, method: str, epochs: Any, options: Mapping[str, Any]) -> None:
-    """Training options and epochs as the trainer will see them (the device is checked by name only:
-    the machine that validates -- CI, a laptop -- need not have the GPU the cluster has)."""
-    from mtlflow import jobs
-
-    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
-        raise InvalidParameterError(f"epochs must be a positive integer, got {epochs!r}")
-    if not isinstance(options, Mapping):
-        raise InvalidParameterError(f"train_options must be a mapping, got {options!r}")
-    device = str(options.get("device", "auto"))
-    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
-        raise InvalidParameterError(f"train_options.device {device!r} is not valid; use auto, cpu or cuda[:N]")
-    jobs.train_config(bench.train_defaults, method=method, epochs=epochs,
-                      **{k: v for k, v in options.items() if k != "device"})
-
-
 def validate_params(pipeline: str, params: Mapping[str, Any]) -> None:
-    """Check names and values of pipeline parameters before anything is compiled, submitted or run."""
-    import inspect
+    """Check names and values of pipeline parameters before anything is compiled, submitted or run
+    (:func:`mtlflow.config.pipeline.pipeline_config`)."""
+    from mtlflow.config.pipeline import pipeline_config
 
-    from mtlflow import benchmarks
-    from mtlflow.config.pipeline import from_struct, validate_sweep
-    from mtlflow.ops import dvc as dvc_io
-    from mtlflow.ops.k8s_jobs import KINDS
-
-    name = canonical_name(pipeline)
-    signature = inspect.signature(get_pipeline(name).pipeline_func)
-    unknown = sorted(set(params) - set(signature.parameters))
-    if unknown:
-        raise InvalidParameterError(f"unknown {name} parameter(s) {', '.join(unknown)}; valid: "
-                                    f"{', '.join(signature.parameters)}")
-    merged = {k: p.default for k, p in signature.parameters.items()}
-    merged.update(from_struct(dict(params)))
-    bench = benchmarks.build(merged["benchmark"], **merged.get("data_options") or {})
-    if merged.get("data_version"):
-        dvc_io.check_dir_hash(merged["data_version"])
-    if merged.get("pushgateway"):
-        from mtlflow.ops.observability.prometheus import check_gateway_address
-
-        check_gateway_address(merged["pushgateway"])
-    if name == "benchmark_sweep":
-        validate_sweep(merged["methods"], merged["seeds"], merged.get("method_hparams"), merged.get("epochs"),
-                       n_tasks=len(bench.task_names))
-        if not merged.get("reference_seeds"):
-            raise InvalidParameterError("reference_seeds is empty; Δm% needs at least one single-task run per task")
-        methods = merged["methods"]
-    else:
-        if not isinstance(merged["method"], str) or not merged["method"]:
-            raise InvalidParameterError(f"method must be a method name, got {merged['method']!r}")
-        validate_sweep([merged["method"]], [merged["seed"]], {merged["method"]: merged.get("hparams") or {}},
-                       merged.get("epochs"), n_tasks=len(bench.task_names))
-        methods = [merged["method"]]
-    from mtlflow import teleport
-
-    teleport.validate(merged.get("teleport") or None, merged.get("teleport_options") or None)
-    wrapper = ({"teleport": merged["teleport"], "teleport_options": merged.get("teleport_options") or {}}
-               if merged.get("teleport") else {})  # the method runs of a sweep; references never teleport
-    for method in methods:
-        _check_train_options(bench, method, merged["epochs"], {**(merged.get("train_options") or {}), **wrapper})
-    if name == "retrain" and not (isinstance(merged["min_improvement"], (int, float))
-                                  and merged["min_improvement"] >= 0):
-        raise InvalidParameterError(f"min_improvement must be a number >= 0, got {merged['min_improvement']!r}")
-    if name == "distributed_train":
-        if merged["job_kind"] not in KINDS:
-            raise InvalidParameterError(f"job_kind {merged['job_kind']!r} is not valid; use {' or '.join(KINDS)}")
-        for key in ("num_nodes", "gpus_per_node"):
-            if not isinstance(merged[key], int) or merged[key] < 1:
-                raise InvalidParameterError(f"{key} must be a positive integer, got {merged[key]!r}")
+    pipeline_config(canonical_name(pipeline), params)
 
 
 def compile_pipeline(out: str | Path, pipeline: str = "benchmark_sweep") -> Path:

@@ -21,7 +21,8 @@ def plan_runs(methods: List[str], seeds: List[int], method_hparams: dict) -> Lis
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def plan_references(tasks: List[str], seeds: List[int]) -> List[str]:
-    """One single-task reference spec per (task, seed): ``{"method": "ls", "tasks": [task], "seed"}``."""
+    """One single-task reference spec per (task, seed):
+    ``{"method": "ls", "tasks": [task], "seed", "reference": true}``."""
     from mtlflow.config.pipeline import plan_references as plan
 
     return plan(tasks, seeds)

@@ -25,7 +25,7 @@ def test_plan_runs_rejects_bad_sweeps():
 
 def test_plan_references_one_single_task_run_per_task_and_seed():
     specs = [json.loads(s) for s in plan_references.python_func(tasks=["left", "right"], seeds=[3])]
-    assert specs == [{"method": "ls", "seed": 3, "hparams": {}, "tasks": ["left"]},
-                     {"method": "ls", "seed": 3, "hparams": {}, "tasks": ["right"]}]
+    assert specs == [{"method": "ls", "seed": 3, "hparams": {}, "tasks": ["left"], "reference": True},
+                     {"method": "ls", "seed": 3, "hparams": {}, "tasks": ["right"], "reference": True}]
     with pytest.raises(InvalidParameterError, match="reference_seeds is empty"):
         plan_references.python_func(tasks=["left"], seeds=[])

@@ -8,20 +8,20 @@ from mtlflow.components.image import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def prepare_data(benchmark: str, options: dict, data: dsl.Output[dsl.Dataset], data_version: str = "",
+def prepare_data(benchmark: str, data_options: dict, data: dsl.Output[dsl.Dataset], data_version: str = "",
                  dvc_remote: str = "", default_remote: str = "", dvc_cache: str = "") -> List[str]:
-    """Prepare ``benchmark`` with ``options`` and push it to the DVC remote, or, when ``data_version``
+    """Prepare ``benchmark`` with ``data_options`` and push it to the DVC remote, or, when ``data_version``
     (a DVC ``<md5>.dir`` hash) is given, pull that version from the remote instead. Returns the task names.
 
     The remote is ``dvc_remote``, else ``$MTLFLOW_DVC_REMOTE`` (from the ``mtlflow-dvc-remote`` Secret on
     the cluster), else ``default_remote`` (a local directory); with none of them the data is hashed
-    but not pushed. The artifact metadata records the benchmark, its options, the task names, the
+    but not pushed. The artifact metadata records the benchmark, its data options, the task names, the
     SHA-256 content hash and the data version ``{git_revision, dvc_hash, dvc_remote}``; training
     refuses data that does not match them.
     """
     from mtlflow.jobs import pipeline_steps
 
-    metadata = pipeline_steps.prepare_data(benchmark, options, data.path, data_version, dvc_remote, default_remote,
-                                           dvc_cache)
+    metadata = pipeline_steps.prepare_data(benchmark, data_options, data.path, data_version, dvc_remote,
+                                           default_remote, dvc_cache)
     data.metadata.update(metadata)
     return list(metadata["tasks"])

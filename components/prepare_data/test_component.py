@@ -20,5 +20,5 @@ def test_prepare_data_accepts_struct_floats(tmp_path):
     from mtlflow.components.prepare_data.component import prepare_data
 
     data = dsl.Dataset(uri=str(tmp_path / "data"))
-    prepare_data.python_func(benchmark="toy", options={"start": 1.0, "steps_per_epoch": 10.0}, data=data)
-    assert data.metadata["options"] == {"start": 1, "steps_per_epoch": 10}
+    prepare_data.python_func(benchmark="toy", data_options={"start": 1.0, "steps_per_epoch": 10.0}, data=data)
+    assert data.metadata["data_options"] == {"start": 1, "steps_per_epoch": 10}

@@ -9,8 +9,7 @@ from mtlflow.components.image import IMAGE
 def train(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, train_options: dict,
           run: dsl.Output[dsl.Artifact], model: dsl.Output[dsl.Model], metrics: dsl.Output[dsl.Metrics],
           report: dsl.Output[dsl.HTML], summary: dsl.Output[dsl.Markdown],
-          checkpoint_root: str = "", pushgateway: str = "", pipeline_name: str = "", run_id: str = "",
-          teleport: str = "", teleport_options: dict = {}):
+          checkpoint_root: str = "", pushgateway: str = "", pipeline_name: str = "", run_id: str = ""):
     """Train the run described by ``run_spec`` (JSON from plan_runs/plan_references/plan_run).
 
     Refuses to train when the data's SHA-256 content hash or DVC hash differs from the ones recorded
@@ -23,7 +22,8 @@ def train(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, train_option
     test metrics as ``metrics``, the run's HTML report (metrics, learning curves, telemetry) as
     ``report`` and a Markdown summary as ``summary``.
 
-    ``teleport`` (``cost``) wraps the method in COST's symmetry teleportation with ``teleport_options``.
+    ``train_options`` are RunConfig fields by name; with ``teleport: cost`` (and ``teleport_options``) COST
+    wraps the method, except in single-task references.
 
     With ``pushgateway`` (else ``$MTLFLOW_PUSHGATEWAY`` of the pod; neither: off) the epoch telemetry is
     pushed to that Prometheus Pushgateway, labelled with ``pipeline_name``; a push failure only logs a
@@ -35,7 +35,7 @@ def train(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, train_option
 
     result = pipeline_steps.train(data.path, dict(data.metadata), run.path, model.path, report.path, summary.path,
                                   run_spec, epochs, train_options, checkpoint_root, pushgateway, pipeline_name,
-                                  run_id, teleport, teleport_options)
+                                  run_id)
     for artifact in (run, model):
         artifact.metadata.update(result["metadata"])
     for name, value in pipeline_steps.flat_metrics("test", result["metrics"]).items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -201,20 +202,29 @@ def test_pipeline_and_dvc_pass_the_teleport_through(multimnist_small, tmp_path, 
     from mtlflow.jobs import stages
     from mtlflow.pipelines import runner
 
-    runner.validate_params("benchmark_sweep", {"teleport": "cost", "teleport_options": {"trigger": "weak"}})
+    cost = {"teleport": "cost", "teleport_options": {"trigger": "always", "steps": 1}}
+    runner.validate_params("benchmark_sweep", {"train_options": {"teleport": "cost",
+                                                                 "teleport_options": {"trigger": "weak"}}})
     with pytest.raises(InvalidParameterError, match="unknown teleport"):
-        runner.validate_params("benchmark_sweep", {"teleport": "warp"})
+        runner.validate_params("benchmark_sweep", {"train_options": {"teleport": "warp"}})
     with pytest.raises(InvalidParameterError, match="owns its training step"):
-        runner.validate_params("benchmark_sweep", {"teleport": "cost", "methods": ["moml"]})
-    params = yaml.safe_load(open(runner.__file__.rsplit("/", 2)[0] + "/params.yaml"))
-    assert params["train"]["teleport"] == "" and params["train"]["teleport_options"] == {}
-    params["train"].update(teleport="cost", teleport_options={"trigger": "always", "steps": 1}, epochs=1,
-                           options={"batch_size": 64, "max_steps_per_epoch": 1})
+        runner.validate_params("benchmark_sweep", {"train_options": cost, "methods": ["moml"]})
+    with pytest.raises(InvalidParameterError, match="unknown benchmark_sweep parameter"):
+        runner.validate_params("benchmark_sweep", {"teleport": "cost"})  # an option of the runs, not of the sweep
+    root = Path(runner.__file__).resolve().parents[1]
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    assert "teleport" not in params["train_options"]
+    params.update(epochs=1, train_options={"batch_size": 64, "max_steps_per_epoch": 1, **cost})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(stages, "DATA", multimnist_small)
-    stages.stage_train(params, "ls", 0)
+    loaded = stages.load_params()
+    stages.stage_train(loaded, "ls", 0)
+    stages.stage_reference(loaded, "left", 0)
     run = json.loads((tmp_path / "runs/mtl/ls-s0/run.json").read_text())
     assert run["config"]["teleport"] == "cost"
+    reference = json.loads((tmp_path / "runs/reference/left-s0/run.json").read_text())
+    assert reference["config"]["teleport"] is None  # references never teleport
 
 
 def test_released_variant_trains_with_the_released_codes_choices(multimnist_small, tmp_path):

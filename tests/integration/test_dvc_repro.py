@@ -1,5 +1,5 @@
 """The project's dvc.yaml on a tiny params.yaml in a throw-away git+DVC repository:
-`dvc exp run -S train.method=fairgrad` runs prepare -> train -> evaluate -> aggregate plus the
+`dvc exp run -S dvc.experiment_method=fairgrad` runs prepare -> train -> evaluate -> aggregate plus the
 research stage for the chosen method; then `dvc repro` is a no-op, and the prepared data survives a
 push to a local remote, a wiped cache and workspace, and a pull."""
 
@@ -40,9 +40,10 @@ def test_dvc_exp_run_repro_push_pull_tiny(tmp_path):
     repo.mkdir()
     shutil.copy(ROOT / "dvc.yaml", repo / "dvc.yaml")
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    assert "method" in params["train"] and "methods" in params["train"]
-    params["prepare"]["options"] = {"n_train": 300, "n_val": 100, "n_test": 100}
-    params["train"].update(methods=["ls"], method="ls", epochs=1, options={"batch_size": 100})
+    assert "experiment_method" in params["dvc"] and "methods" in params
+    params.update(data_options={"n_train": 300, "n_val": 100, "n_test": 100}, methods=["ls"], epochs=1,
+                  train_options={"batch_size": 100})
+    params["dvc"]["experiment_method"] = "ls"
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     _run(["git", "init", "-q"], repo)
     _run(["git", "config", "user.email", "ci@example.com"], repo)
@@ -52,8 +53,8 @@ def test_dvc_exp_run_repro_push_pull_tiny(tmp_path):
     _run(["git", "add", "-A"], repo)
     _run(["git", "commit", "-qm", "tiny mtlflow project"], repo)
 
-    _dvc(repo, "exp", "run", "-S", "train.method=fairgrad")
-    assert yaml.safe_load((repo / "params.yaml").read_text())["train"]["method"] == "fairgrad"
+    _dvc(repo, "exp", "run", "-S", "dvc.experiment_method=fairgrad")
+    assert yaml.safe_load((repo / "params.yaml").read_text())["dvc"]["experiment_method"] == "fairgrad"
     experiment = json.loads((repo / "metrics" / "experiment.json").read_text())
     assert "delta_m" in experiment and "test.left.acc" in experiment
     assert (repo / "runs" / "experiment" / "fairgrad-s0" / "model.pt").is_file()

@@ -70,7 +70,7 @@ class MoleculeNetBenchmark(GraphBenchmark):
         "seed": ConfigField(0, "seed of the subset and of the random split",
                             lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
     }
-    cpu_smoke = {"options": {"n_molecules": 600}, "train": {"epochs": 2, "batch_size": 64}}
+    cpu_smoke = {"data_options": {"n_molecules": 600}, "train_options": {"epochs": 2, "batch_size": 64}}
 
     def _fix(self) -> str:
         return f"re-run `mtlflow prepare --benchmark {self.name}`"

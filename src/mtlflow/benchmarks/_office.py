@@ -126,7 +126,8 @@ class OfficeBenchmark(Benchmark):
         "seed": ConfigField(0, "seed of the drawn split", lambda v: isinstance(v, int), "an integer"),
     }
     train_defaults = {"epochs": 100, "batch_size": 64, "lr": 1e-4, "weight_decay": 1e-5, "optimizer": "adam"}
-    cpu_smoke = {"options": {"image_size": 32, "max_per_class": 5}, "train": {"epochs": 1, "batch_size": 8}}
+    cpu_smoke = {"data_options": {"image_size": 32, "max_per_class": 5},
+                 "train_options": {"epochs": 1, "batch_size": 8}}
 
     @property
     def tasks(self) -> list[TaskSpec]:

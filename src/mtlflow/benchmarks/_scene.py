@@ -176,7 +176,8 @@ class SceneBenchmark(Benchmark):
                                      "1, 2, 4, 8 or 16"),
     }
 
-    cpu_smoke = {"options": {"max_items": 4, "width_divisor": 8}, "train": {"epochs": 1, "batch_size": 2, "select": "last"}}
+    cpu_smoke = {"data_options": {"max_items": 4, "width_divisor": 8},
+                 "train_options": {"epochs": 1, "batch_size": 2, "select": "last"}}
 
     def method_defaults(self, method: str) -> dict[str, Any]:
         # LDC-MTL Table 5 / App. A.1 on both data sets: τ = 1, no normalisation, a 3-layer MLP router

@@ -90,7 +90,7 @@ class TabularBenchmark(Benchmark):
     }
     # mtlflow's recipe: no MTL paper uses these tables
     train_defaults = {"epochs": 100, "batch_size": 128, "lr": 1e-3, "optimizer": "adam"}
-    cpu_smoke = {"options": {}, "train": {"epochs": 2, "batch_size": 256}}
+    cpu_smoke = {"data_options": {}, "train_options": {"epochs": 2, "batch_size": 256}}
 
     def target_columns(self, names: Sequence[str]) -> list[int]:
         """Positions of the target columns among the ARFF attributes ``names``."""

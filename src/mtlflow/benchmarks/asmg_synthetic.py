@@ -138,7 +138,7 @@ class ASMGSynthetic(Benchmark):
                                        "a positive integer"),
     }
     train_defaults = {"epochs": 5, "batch_size": 1, "lr": 1e-3, "optimizer": "sgd"}
-    cpu_smoke = {"options": {"dim": 10, "steps_per_epoch": 20}, "train": {"epochs": 1}}
+    cpu_smoke = {"data_options": {"dim": 10, "steps_per_epoch": 20}, "train_options": {"epochs": 1}}
 
     def method_defaults(self, method: str) -> dict[str, Any]:
         # the thesis' synthetic setting (Section 4.6.1): β = 0.1, N = 50 (Fig. 4.2), Σ_0 = I

@@ -87,7 +87,7 @@ class Benchmark:
     #: Training defaults of the benchmark's recipe (epochs, batch_size, lr, ...).
     train_defaults: ClassVar[dict[str, Any]] = {}
     #: A configuration that runs on a laptop CPU in seconds to minutes (the tests use it):
-    #: ``{"options": {preparation options}, "train": {training overrides}}``.
+    #: ``{"data_options": {preparation options}, "train_options": {training overrides}}``.
     cpu_smoke: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, **config: Any):

@@ -121,7 +121,8 @@ class CelebA(Benchmark):
     }
     train_defaults = {"epochs": 15, "batch_size": 256, "lr": 3e-4, "optimizer": "adam",
                       "per_method": {"ldcmtl": {"lr": 1e-3}}}  # LDC-MTL Table 5's step size
-    cpu_smoke = {"options": {"image_size": 32, "max_per_split": 64}, "train": {"epochs": 1, "batch_size": 32}}
+    cpu_smoke = {"data_options": {"image_size": 32, "max_per_split": 64},
+                 "train_options": {"epochs": 1, "batch_size": 32}}
 
     def method_defaults(self, method: str) -> dict[str, Any]:
         # LDC-MTL Table 5 / App. A.1 (CelebA): λ = 0.01, τ = σ(W), no normalisation, a [40, 1] trainable vector
@@ -142,7 +143,7 @@ class CelebA(Benchmark):
                                           "methods-cost.md §3.2), rounded to 4 decimals")
 
     def _data_dir(self) -> Path:
-        return self.mounted_data_dir("(or --option data_dir=DIR) with Anno/list_attr_celeba.txt, "
+        return self.mounted_data_dir("(or --data-option data_dir=DIR) with Anno/list_attr_celeba.txt, "
                                      "Eval/list_eval_partition.txt and Img/img_align_celeba/")
 
     def write_data(self, out_dir: Path) -> dict[str, Any]:

@@ -162,7 +162,7 @@ class HyperCleaning(Benchmark):
                             "an integer"),
     }
     train_defaults = {"epochs": 80, "batch_size": 100, "lr": 0.03, "optimizer": "sgd", "rescale": False}
-    cpu_smoke = {"options": {"n_train": 200, "n_val": 50, "n_test": 100}, "train": {"epochs": 1}}
+    cpu_smoke = {"data_options": {"n_train": 200, "n_val": 50, "n_test": 100}, "train_options": {"epochs": 1}}
 
     @property
     def tasks(self) -> list[TaskSpec]:

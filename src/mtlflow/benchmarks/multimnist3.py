@@ -63,7 +63,8 @@ class MultiMNIST3(OverlaidDigitsBenchmark):
     digit_tasks = tuple(POSITIONS)
     image_size = SIZE
     train_defaults = {"epochs": 20, "batch_size": 256, "lr": 1e-3, "optimizer": "adam"}
-    cpu_smoke = {"options": {"n_train": 512, "n_val": 128, "n_test": 128}, "train": {"epochs": 1, "batch_size": 64}}
+    cpu_smoke = {"data_options": {"n_train": 512, "n_val": 128, "n_test": 128},
+                 "train_options": {"epochs": 1, "batch_size": 64}}
 
     def draw_sources(self, pool: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
         return distinct_triples(pool, n, rng)

@@ -2,7 +2,7 @@
 
 Data: the MTAN preprocessed ``.npy`` folder (795 train / 654 val images, 288x384) mounted at
 ``--data-dir``; see :mod:`mtlflow.benchmarks._scene` for the layout, the split protocol and the joint
-augmentation. Model: SegNet-MTAN (default) or SegNet (``--option model=segnet``). Recipe of
+augmentation. Model: SegNet-MTAN (default) or SegNet (``--data-option model=segnet``). Recipe of
 Nash-MTL/FAMO/FairGrad/COST (methods-cost.md §3.1): Adam 1e-4, StepLR(100, 0.5), 200 epochs, batch 2,
 augmentation on, the mean of the last 10 epochs reported. Paper STL references: the ``BASE`` of their
 code (from CAGrad; methods-cost.md §3.2, anchors-mtl-libraries.md §6).

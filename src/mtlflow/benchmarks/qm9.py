@@ -120,7 +120,7 @@ def qm9pack_dir() -> Path:
     spec = importlib.util.find_spec("qm9pack")
     if spec is None or not spec.submodule_search_locations:
         raise DataError("the qm9pack package is not installed; `pip install qm9pack==1.0.3` or pass "
-                        "--option qm9_dir=FOLDER holding qm9_part1.csv..qm9_part3.csv")
+                        "--data-option qm9_dir=FOLDER holding qm9_part1.csv..qm9_part3.csv")
     return Path(list(spec.submodule_search_locations)[0]) / "data"
 
 
@@ -190,8 +190,8 @@ class QM9(GraphBenchmark):
                       "scheduler": "plateau",
                       "scheduler_options": {"factor": 0.7, "patience": 5, "min_lr": 1e-5, "monitor": "val_delta_m"}}
     #: A CPU smoke configuration (a few thousand molecules, a few epochs) -- used by the tests.
-    cpu_smoke = {"options": {"n_molecules": 3000, "n_val": 500, "n_test": 500},
-                 "train": {"epochs": 3, "batch_size": 64}}
+    cpu_smoke = {"data_options": {"n_molecules": 3000, "n_val": 500, "n_test": 500},
+                 "train_options": {"epochs": 3, "batch_size": 64}}
 
     def method_defaults(self, method: str) -> dict[str, Any]:
         # LDC-MTL Table 5 / App. A.1 (QM9): λ = 0.05, τ = σ(W), log normalisation (l_0 per epoch), a [11, 1] vector
@@ -276,7 +276,7 @@ class QM9(GraphBenchmark):
         for path in paths:
             if not path.is_file():
                 raise DataError(f"QM9 file missing: expected {path}; install qm9pack==1.0.3 or point "
-                                "--option qm9_dir at a folder with qm9_part1.csv..qm9_part3.csv")
+                                "--data-option qm9_dir at a folder with qm9_part1.csv..qm9_part3.csv")
         columns = ["Index", "SMILES", "Elements", "XYZ_Ang"] + sorted({c for _, c, _ in TARGETS.values()})
         try:
             frame = pd.concat([pd.read_csv(p, usecols=columns) for p in paths], ignore_index=True)

@@ -54,10 +54,18 @@ def cmd_benchmarks(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_config(args: argparse.Namespace) -> int:
-    from mtlflow.config.run import json_schema
+#: the configuration models (`mtlflow config schema --of NAME`)
+CONFIG_MODELS = ("run", "data", "sweep", "retrain", "distributed_train")
 
-    print(json.dumps(json_schema(), indent=2))
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from mtlflow.config.data import DataConfig
+    from mtlflow.config.pipeline import DistributedTrainConfig, RetrainConfig, SweepConfig
+    from mtlflow.config.run import RunConfig
+
+    models = {"run": RunConfig, "data": DataConfig, "sweep": SweepConfig, "retrain": RetrainConfig,
+              "distributed_train": DistributedTrainConfig}
+    print(json.dumps(models[args.of].json_schema(), indent=2))
     return 0
 
 
@@ -75,13 +83,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("benchmarks", help="list the registered benchmarks and their options")
     p.set_defaults(func=cmd_benchmarks)
 
-    def data_options(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--mnist-dir", help="MNIST IDX folder whose digits are added (multimnist)")
-        q.add_argument("--data-dir", help="mounted dataset folder (celeba, nyuv2, cityscapes, office31, officehome)")
-        q.add_argument("--option", action="append", metavar="KEY=VALUE",
-                       help="benchmark preparation option (repeatable), e.g. n_train=2000")
-
-    p = sub.add_parser("config", help="the run configuration: `config schema` prints its JSON schema (the `train` "
-                       "flags, params.yaml's train.options and the pipelines' train_options are its fields)")
-    p.add_argument("what", choices=["schema"], help="schema: the JSON schema of RunConfig")
+    p = sub.add_parser("config", help="the configuration models: `config schema` prints the JSON schema of RunConfig "
+                       "(the `train` flags and every train_options are its fields); --of data / sweep / retrain / "
+                       "distributed_train: of the data and the pipelines' parameters (params.yaml is a sweep)")
+    p.add_argument("what", choices=["schema"], help="schema: the JSON schema")
+    p.add_argument("--of", choices=CONFIG_MODELS, default="run", help="which model (default: run)")
     p.set_defaults(func=cmd_config)

@@ -91,7 +91,7 @@ def method_hparams(args: argparse.Namespace, methods: Sequence[str]) -> dict[str
 
 
 def bench_config(args: argparse.Namespace) -> dict[str, Any]:
-    config = parse_assignments(args.option, "--option")
+    config = parse_assignments(args.data_option, "--data-option")
     if getattr(args, "mnist_dir", None):
         config["mnist_dir"] = args.mnist_dir
     if getattr(args, "data_dir", None):
@@ -113,7 +113,7 @@ def check_data_source(args: argparse.Namespace) -> None:
     if args.benchmark is not None and args.benchmark != prepared.get("benchmark"):
         raise InvalidParameterError(f"--benchmark {args.benchmark} disagrees with --data {args.data}, which holds "
                                     f"{prepared.get('benchmark')!r} data; give only one of them")
-    given = [flag for flag, value in (("--option", args.option), ("--mnist-dir", args.mnist_dir),
+    given = [flag for flag, value in (("--data-option", args.data_option), ("--mnist-dir", args.mnist_dir),
                                       ("--data-dir", args.data_dir)) if value]
     if given:
         raise InvalidParameterError(f"{', '.join(given)} only apply when data is prepared (--benchmark); "
@@ -146,8 +146,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def add_data_options(q: argparse.ArgumentParser) -> None:
-    """The flags that prepare a benchmark's data: --mnist-dir, --data-dir, --option KEY=VALUE."""
+    """The flags that prepare a benchmark's data: --mnist-dir, --data-dir, --data-option KEY=VALUE
+    (``DataConfig.data_options``)."""
     q.add_argument("--mnist-dir", help="MNIST IDX folder whose digits are added (multimnist)")
     q.add_argument("--data-dir", help="mounted dataset folder (celeba, nyuv2, cityscapes, office31, officehome)")
-    q.add_argument("--option", action="append", metavar="KEY=VALUE",
-                   help="benchmark preparation option (repeatable), e.g. n_train=2000")
+    q.add_argument("--data-option", action="append", metavar="KEY=VALUE",
+                   help="benchmark preparation option (repeatable; data_options), e.g. n_train=2000")

@@ -1,4 +1,6 @@
-"""Expansion and validation of pipeline sweeps (used by the plan components, compile and submit).
+"""The pipelines' parameters (:class:`SweepConfig`, :class:`RetrainConfig`, :class:`DistributedTrainConfig`:
+each pipeline's signature is one of them, field for field) and the expansion of a sweep into runs (used
+by the plan components, compile and submit).
 
 Kept free of kfp so that invalid parameters are rejected before anything is compiled or submitted.
 """
@@ -6,8 +8,14 @@ Kept free of kfp so that invalid parameters are rejected before anything is comp
 from __future__ import annotations
 
 import json
+import math
+import urllib.parse
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from mtlflow.config.data import VersionedDataConfig
+from mtlflow.config.model import option
+from mtlflow.config.run import RunConfig
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.seeding import check_seed
 
@@ -79,8 +87,8 @@ def plan_references(tasks: Sequence[str], seeds: Sequence[int]) -> list[str]:
         raise InvalidParameterError("the benchmark has no tasks to train references for")
     if not seeds:
         raise InvalidParameterError("reference_seeds is empty; Δm% needs at least one single-task run per task")
-    return [json.dumps({"method": "ls", "seed": int(s), "hparams": {}, "tasks": [t]}, sort_keys=True)
-            for t in tasks for s in seeds]
+    return [json.dumps({"method": "ls", "seed": int(s), "hparams": {}, "tasks": [t], "reference": True},
+                       sort_keys=True) for t in tasks for s in seeds]
 
 
 def plan_run(method: str, seed: int, hparams: Mapping[str, Any] | None = None) -> str:
@@ -121,3 +129,150 @@ def validate_cron(expression: str) -> str:
         raise InvalidParameterError(f"cron {expression!r} has {len(fields)} fields but KFP needs 6 "
                                     f"({' '.join(CRON_FIELDS)}), e.g. '0 0 3 * * *' for 03:00 daily{hint}")
     return " ".join(fields)
+
+
+# -- the pipelines' parameters ---------------------------------------------------------------------
+
+#: the Kubernetes training-job kinds ``distributed_train`` can launch
+JOB_KINDS = ("TrainJob", "PyTorchJob")
+#: the sweep's default methods
+DEFAULT_METHODS = ["ls", "mgda", "famo", "fairgrad"]
+#: RunConfig fields that a sweep's single-task references never take from ``train_options``: COST wraps the
+#: method runs only (a reference is linear scalarisation of one task, the yardstick of Δm%)
+METHOD_ONLY_OPTIONS = ("teleport", "teleport_options")
+
+
+def check_gateway_address(address: str) -> None:
+    """``host:port`` or ``http(s)://host[:port][/path]``; anything else is rejected with the fix."""
+    parsed = urllib.parse.urlsplit(address if "://" in address else f"http://{address}")
+    try:
+        parsed.port  # noqa: B018 -- raises on a malformed port
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname or " " in address:
+        raise InvalidParameterError(f"Pushgateway address {address!r} is not valid; use host:port or "
+                                    "http://host:port, e.g. http://pushgateway.monitoring:9091")
+
+
+def reference_options(train_options: Mapping[str, Any]) -> dict[str, Any]:
+    """The training options of a single-task reference run: ``train_options`` without COST."""
+    return {k: v for k, v in train_options.items() if k not in METHOD_ONLY_OPTIONS}
+
+
+def check_train_options(bench: Any, method: str, epochs: int, train_options: Mapping[str, Any],
+                        hparams: Mapping[str, Any] | None = None) -> RunConfig:
+    """The run's :class:`RunConfig` as the trainer will see it (benchmark recipe, then ``train_options``).
+    The device is checked by name only: the machine that validates (CI, a laptop) need not have the
+    cluster's GPU."""
+    device = str(train_options.get("device", "auto"))
+    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
+        raise InvalidParameterError(f"train_options.device {device!r} is not valid; use auto, cpu or cuda[:N]")
+    options = {k: v for k, v in train_options.items() if k != "device"}
+    for name in ("method", "seed", "hparams", "epochs", "tasks"):
+        if name in options:
+            raise InvalidParameterError(f"train_options.{name} is set by the pipeline's own parameters; "
+                                        f"remove it from train_options")
+    return RunConfig.for_benchmark(bench.train_defaults, method=method, epochs=epochs,
+                                   hparams=dict(hparams or {}), **options)
+
+
+@dataclass
+class PipelineConfig(VersionedDataConfig):
+    """Parameters every pipeline takes: its data and the Pushgateway its metrics go to."""
+
+    subject = "pipeline parameters"
+
+    epochs: int = option(10, "training epochs of every run")
+    train_options: dict[str, Any] = option(help="the runs' RunConfig fields by name (batch_size, lr, device, "
+                                                "teleport, ...; see `mtlflow config schema`)",
+                                           factory=lambda: {"device": "auto"})
+    pushgateway: str = option("", "Prometheus Pushgateway (host:port) for the run metrics ('' = none)")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.pushgateway:
+            check_gateway_address(self.pushgateway)
+
+
+@dataclass
+class SweepConfig(PipelineConfig):
+    """The benchmark sweep: every method x seed and the single-task references (``benchmark_sweep``,
+    ``params.yaml``)."""
+
+    methods: list[str] = option(help="the methods of the sweep", factory=lambda: list(DEFAULT_METHODS))
+    seeds: list[int] = option(help="the seeds of every method", factory=lambda: [0])
+    method_hparams: dict[str, Any] = option(help="hyper-parameters per method, e.g. {fairgrad: {alpha: 2.0}}",
+                                            factory=dict)
+    reference_seeds: list[int] = option(help="seeds of the single-task references (Δm%'s yardstick)",
+                                        factory=lambda: [0])
+
+    def validate(self) -> None:
+        super().validate()
+        bench = self.build_benchmark()
+        validate_sweep(self.methods, self.seeds, self.method_hparams, self.epochs, n_tasks=len(bench.task_names))
+        if not self.reference_seeds:
+            raise InvalidParameterError("reference_seeds is empty; Δm% needs at least one single-task run per task")
+        for seed in self.reference_seeds:
+            check_seed(seed, "every reference seed")
+        for method in self.methods:
+            check_train_options(bench, method, self.epochs, self.train_options, self.method_hparams.get(method))
+        check_train_options(bench, "ls", self.epochs, reference_options(self.train_options))
+
+
+@dataclass
+class SingleRunConfig(PipelineConfig):
+    """One method run on a data version (``retrain``, ``distributed_train``)."""
+
+    method: str = option("fairgrad", "the method")
+    seed: int = option(0, "the run's seed")
+    hparams: dict[str, Any] = option(help="the method's hyper-parameters", factory=dict)
+
+    def validate(self) -> None:
+        super().validate()
+        bench = self.build_benchmark()
+        validate_sweep([self.method], [self.seed], {self.method: self.hparams}, self.epochs,
+                       n_tasks=len(bench.task_names))
+        check_train_options(bench, self.method, self.epochs, self.train_options, self.hparams)
+
+
+@dataclass
+class RetrainConfig(SingleRunConfig):
+    """Retrain one method on a new data version and promote it if it beats the champion (``retrain``)."""
+
+    min_improvement: float = option(0.0, "Δm% (in points) by which the candidate must beat the champion")
+
+    def validate(self) -> None:
+        super().validate()
+        if not (math.isfinite(self.min_improvement) and self.min_improvement >= 0):
+            raise InvalidParameterError(f"min_improvement must be a number >= 0, got {self.min_improvement!r}")
+
+
+@dataclass
+class DistributedTrainConfig(SingleRunConfig):
+    """One multi-GPU run as a Kubernetes training job (``distributed_train``)."""
+
+    train_options: dict[str, Any] = option(help="the run's RunConfig fields by name (see `mtlflow config schema`)",
+                                           factory=lambda: {"device": "cuda"})
+    job_kind: str = option("TrainJob", f"the training job's kind: {' or '.join(JOB_KINDS)}")
+    num_nodes: int = option(1, "nodes of the job")
+    gpus_per_node: int = option(2, "GPUs per node")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.job_kind not in JOB_KINDS:
+            raise InvalidParameterError(f"job_kind {self.job_kind!r} is not valid; use {' or '.join(JOB_KINDS)}")
+        for key in ("num_nodes", "gpus_per_node"):
+            if getattr(self, key) < 1:
+                raise InvalidParameterError(f"{key} must be a positive integer, got {getattr(self, key)!r}")
+
+
+#: each pipeline's parameters: its signature is exactly this model's fields, with the same defaults
+PIPELINE_CONFIGS: dict[str, type[PipelineConfig]] = {
+    "benchmark_sweep": SweepConfig, "retrain": RetrainConfig, "distributed_train": DistributedTrainConfig}
+
+
+def pipeline_config(pipeline: str, params: Mapping[str, Any]) -> PipelineConfig:
+    """The validated parameters of ``pipeline`` (its defaults, overridden by ``params``, numbers of
+    protobuf structs restored)."""
+    model = PIPELINE_CONFIGS[pipeline]
+    return model.from_mapping(from_struct(dict(params)), where=f"{pipeline} parameter(s)")

@@ -1,10 +1,10 @@
 """The configuration of one training run: every option's one name, type, default, help and validation.
 
 :class:`RunConfig` is the single model behind every entry point: the ``mtlflow train`` flags are generated
-from its fields (``--batch-size`` is ``batch_size``), ``params.yaml``'s ``train.options`` and the pipelines'
-``train_options`` are mappings of its field names (:meth:`RunConfig.from_mapping`), the Python API takes
+from its fields (``--batch-size`` is ``batch_size``), the ``train_options`` of ``params.yaml`` and of the
+pipelines are mappings of its field names (:meth:`RunConfig.from_mapping`), the Python API takes
 it (or ``jobs.train(**fields)``), and ``run.json`` stores it whole under ``config``. ``mtlflow config
-schema`` prints its JSON schema (:func:`json_schema`).
+schema`` prints its JSON schema (:meth:`~mtlflow.config.model.ConfigModel.json_schema`).
 
 Method hyper-parameters (``hparams``) are validated by the method itself (:class:`mtlflow.core.hparams.HParam`);
 on the command line they are ``--hp [METHOD.]NAME=VALUE`` everywhere (:func:`parse_hparams`).
@@ -16,15 +16,15 @@ import dataclasses
 import hashlib
 import json
 import math
-import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import torch
 
 from mtlflow import methods as method_registry
 from mtlflow import teleport
+from mtlflow.config.model import ConfigModel, option
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.seeding import check_seed
 from mtlflow.grad_engine import BACKENDS, GRAD_WRT
@@ -41,15 +41,6 @@ _SCHEDULER_OPTIONS = {"none": set(), "plateau": {"factor", "patience", "min_lr",
                       "step": {"step_size", "gamma"}}
 _AUTOGRAM_NEEDS_GRAMIAN = ("grad_backend 'autogram' computes only the Gramian but method {method!r} needs the full "
                            "Jacobian; use one of auto, loop, batched, func, autojac")
-
-
-def option(default: Any = None, help: str = "", *, factory: Any = None, flag: str | None = None) -> Any:
-    """A :class:`RunConfig` field with its help text (and its command-line flag when it is not
-    ``--<name-with-dashes>``)."""
-    metadata = {"help": help, "flag": flag}
-    if factory is not None:
-        return field(default_factory=factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
 
 
 def validate_scheduler(name: str, options: Mapping[str, Any]) -> None:
@@ -69,11 +60,13 @@ def validate_scheduler(name: str, options: Mapping[str, Any]) -> None:
 
 
 @dataclass
-class RunConfig:
+class RunConfig(ConfigModel):
     """Everything that determines a training run (stored whole in ``run.json``).
 
     Every instance is valid: construction (also through :meth:`from_mapping` or ``dataclasses.replace``)
     runs :meth:`validate`, the one place each option is checked."""
+
+    subject = "training options"
 
     method: str = option("ls", "the MTL method (see `mtlflow methods`)")
     hparams: dict[str, Any] = option(help="the method's hyper-parameters (see `mtlflow methods`)", factory=dict,
@@ -115,30 +108,17 @@ class RunConfig:
                                       "heads) or normal (NORMAL's neural ODE with task positions)")
     architecture_options: dict[str, Any] = option(help="architecture options, e.g. step_size=0.05", factory=dict)
 
-    def __post_init__(self) -> None:
-        self.validate()
-
     # -- construction ---------------------------------------------------------------------------
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any], where: str = "training options") -> RunConfig:
-        """A validated config from a mapping of field names (params.yaml, pipeline parameters, JSON).
-
-        Unknown names are rejected with the list of valid ones; integral values of float options are
-        converted (YAML and protobuf structs do not keep the difference)."""
-        unknown = sorted(set(values) - set(field_names()))
-        if unknown:
-            raise InvalidParameterError(f"unknown {where}: {', '.join(unknown)}; valid: {', '.join(field_names())}")
-        hints = typing.get_type_hints(cls)
-        converted = {}
-        for name, value in values.items():
-            if float in typing.get_args(hints[name]) + (hints[name],) and isinstance(value, int) \
-                    and not isinstance(value, bool):
-                value = float(value)
-            converted[name] = value
-        return cls(**converted)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def for_benchmark(cls, bench_defaults: Mapping[str, Any], **overrides: Any) -> RunConfig:
+        """A validated config from a benchmark's recipe (``Benchmark.train_defaults``, with a method's own
+        recipe on it under ``per_method``), overridden by the non-None ``overrides``."""
+        names = set(cls.field_names())
+        values = {k: v for k, v in bench_defaults.items() if k in names}
+        # a method's own recipe on this benchmark (e.g. LDC-MTL's Table 5 step sizes), still below the user's
+        values.update(bench_defaults.get("per_method", {}).get(overrides.get("method"), {}))
+        values.update({k: v for k, v in overrides.items() if v is not None or k not in names})
+        return cls.from_mapping(values)
 
     def resolved_device(self) -> torch.device:
         """``auto`` means the GPU when one is visible, else the CPU."""
@@ -159,11 +139,7 @@ class RunConfig:
         def bad(msg: str) -> None:
             raise InvalidParameterError(msg)
 
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if not _has_type(value, hints[f.name]):
-                bad(f"{f.name} must be {_describe_type(hints[f.name])}, got {value!r}")
+        self.check_types()
         check_seed(self.seed)
         if self.epochs < 1:
             bad(f"epochs must be a positive integer, got {self.epochs!r}")
@@ -221,55 +197,6 @@ def autogram_needs_gramian(method: str) -> str:
     return _AUTOGRAM_NEEDS_GRAMIAN.format(method=method)
 
 
-def field_names() -> list[str]:
-    return [f.name for f in dataclasses.fields(RunConfig)]
-
-
-def _has_type(value: Any, hint: Any) -> bool:
-    if hint is Any:
-        return True
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_has_type(value, a) for a in args)
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if origin is dict:
-        return isinstance(value, dict) and all(isinstance(k, str) for k in value)
-    if origin is list:
-        return isinstance(value, list) and all(_has_type(v, args[0]) for v in value)
-    return isinstance(value, hint)
-
-
-def _describe_type(hint: Any) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) is dict:
-        return "a mapping of names to values"
-    if typing.get_origin(hint) is list:
-        return "a list of strings"
-    if args:
-        return " or ".join(_describe_type(a) for a in args)
-    return names.get(hint, getattr(hint, "__name__", str(hint)))
-
-
-def json_schema() -> dict[str, Any]:
-    """The JSON schema of :class:`RunConfig` (types and defaults from pydantic, help texts as descriptions)."""
-    from pydantic import TypeAdapter
-
-    schema = TypeAdapter(RunConfig).json_schema()
-    for f in dataclasses.fields(RunConfig):
-        schema["properties"][f.name]["description"] = f.metadata["help"]
-    schema["description"] = "mtlflow RunConfig: the configuration of one training run (run.json's `config`)."
-    schema["additionalProperties"] = False
-    return schema
-
-
 def parse_hparams(assignments: Mapping[str, Any], methods: Sequence[str]) -> dict[str, dict[str, Any]]:
     """``--hp [METHOD.]NAME=VALUE``, the one grammar of every command: ``{"famo.gamma": 0, "alpha": 1}`` ->
     ``{"famo": {"gamma": 0}, ...}``. A name without ``METHOD.`` applies to every method in ``methods``;
@@ -300,10 +227,10 @@ def cli_flag(name: str) -> str:
 def train_arguments(options: Mapping[str, Any]) -> list[str]:
     """The ``mtlflow train`` arguments that set these :class:`RunConfig` fields (what the command line
     parses back into the same values); ``None`` values are left out."""
-    unknown = sorted(set(options) - set(field_names()))
+    unknown = sorted(set(options) - set(RunConfig.field_names()))
     if unknown:
         raise InvalidParameterError(f"unknown training option(s) {', '.join(unknown)}; valid: "
-                                    f"{', '.join(field_names())}")
+                                    f"{', '.join(RunConfig.field_names())}")
     arguments: list[str] = []
     for name, value in sorted(options.items()):
         flag = cli_flag(name)

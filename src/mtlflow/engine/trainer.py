@@ -265,7 +265,8 @@ class Trainer:
                 preds = torch.func.functional_call(self.model, overrides, (inputs,))
                 return torch.stack(self.task_losses(preds, targets))
 
-        return StepProblem(self.model, self.shared, self.task_params, lambda: self.forward_pass(batch), functional_losses)
+        return StepProblem(self.model, self.shared, self.task_params, lambda: self.forward_pass(batch),
+                           functional_losses)
 
     def _losses(self, batch: Any) -> tuple[Tensor, list[Tensor]]:
         forward = self.forward_pass(batch)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from mtlflow.config.run import RunConfig
 from mtlflow.core import atomic
 from mtlflow.core.errors import InvalidParameterError
 
@@ -98,7 +99,7 @@ def run_ablation(data_dir: str | Path, out_dir: str | Path, method: str = "fairg
     for row in rows:  # every configuration is validated before anything trains
         if row.options is not None:
             validate("cost", row.options)
-            jobs.train_config(bench.train_defaults, method=method, hparams=hp, teleport="cost",
+            RunConfig.for_benchmark(bench.train_defaults, method=method, hparams=hp, teleport="cost",
                               teleport_options=dict(row.options), **train_options)
     out = Path(out_dir)
     run_of: dict[str, str] = {}

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from mtlflow import benchmarks, methods, teleport
 from mtlflow.benchmarks.base import Benchmark, read_manifest
-from mtlflow.config.run import RunConfig, field_names
+from mtlflow.config.run import RunConfig
 from mtlflow.core import atomic
 from mtlflow.core.callbacks import Callback
 from mtlflow.core.errors import DataError, InvalidParameterError
@@ -26,7 +26,7 @@ from mtlflow.jobs.data import check_expected_hash, load_prepared, prepare
 #: :mod:`mtlflow.engine.rundir`; they are part of it).
 __all__ = ["TrainPlan", "aggregate", "build_references", "check_run_consistent", "evaluate", "load_prepared",
            "paper_reference_table", "parse_tasks", "plan_train", "prepare", "read_run", "resolved_hparams",
-           "run_label", "summarise", "train", "train_config"]
+           "run_label", "summarise", "train"]
 
 
 def resolved_hparams(bench, method: str, hparams: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -36,16 +36,6 @@ def resolved_hparams(bench, method: str, hparams: Mapping[str, Any] | None) -> d
     if bench.loss_lower_bounds is not None and "min_losses" in methods.get(method).hparams:
         defaults.setdefault("min_losses", list(bench.loss_lower_bounds))
     return {**defaults, **dict(hparams or {})}
-
-
-def train_config(bench_defaults: Mapping[str, Any], **overrides: Any) -> RunConfig:
-    """A validated :class:`RunConfig` from the benchmark's recipe, overridden by non-None ``overrides``."""
-    names = set(field_names())
-    values = {k: v for k, v in bench_defaults.items() if k in names}
-    # a method's own recipe on this benchmark (e.g. LDC-MTL's Table 5 step sizes), still below the user's
-    values.update(bench_defaults.get("per_method", {}).get(overrides.get("method"), {}))
-    values.update({k: v for k, v in overrides.items() if v is not None or k not in names})
-    return RunConfig.from_mapping(values)
 
 
 @dataclass(frozen=True)
@@ -76,8 +66,8 @@ def plan_train(data_dir: str | Path | None = None, benchmark: str | None = None,
     selected = bench.select_tasks(task_names)
     hparams = resolved_hparams(bench, method, hparams)
     methods.build(method, len(selected), **hparams)
-    config = train_config(bench.train_defaults, method=method, seed=seed, hparams=hparams, tasks=task_names,
-                          **overrides)
+    config = RunConfig.for_benchmark(bench.train_defaults, method=method, seed=seed, hparams=hparams,
+                                     tasks=task_names, **overrides)
     teleport.check_benchmark(bench, [t.name for t in selected], config.teleport, config.teleport_options)
     return TrainPlan(bench, config, None if data_dir is None else Path(data_dir))
 

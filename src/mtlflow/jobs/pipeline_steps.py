@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from mtlflow import jobs
-from mtlflow.config.pipeline import from_struct, run_key
+from mtlflow.config.pipeline import from_struct, reference_options, run_key
 from mtlflow.core import atomic
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.jobs.run_report import evaluation_markdown, run_markdown, run_report_html
@@ -25,13 +25,13 @@ def flat_metrics(prefix: str, metrics: Mapping[str, Mapping[str, float]]) -> dic
             for task, values in metrics.items() for name, value in values.items()}
 
 
-def prepare_data(benchmark: str, options: Mapping[str, Any], out: str, data_version: str = "", dvc_remote: str = "",
-                 default_remote: str = "", dvc_cache: str = "") -> dict[str, Any]:
-    """Prepare ``benchmark`` with ``options`` into ``out`` and push it to the DVC remote, or pull
-    ``data_version`` from it; returns the Dataset artifact's metadata (benchmark, options, tasks, hashes)."""
+def prepare_data(benchmark: str, data_options: Mapping[str, Any], out: str, data_version: str = "",
+                 dvc_remote: str = "", default_remote: str = "", dvc_cache: str = "") -> dict[str, Any]:
+    """Prepare ``benchmark`` with ``data_options`` into ``out`` and push it to the DVC remote, or pull
+    ``data_version`` from it; returns the Dataset artifact's metadata (benchmark, data options, tasks, hashes)."""
     from mtlflow.benchmarks.base import read_manifest
 
-    options = from_struct(dict(options))
+    options = from_struct(dict(data_options))
     remote = dvc_io.resolve_remote(dvc_remote, default_remote)
     if data_version:
         if not remote:
@@ -46,23 +46,24 @@ def prepare_data(benchmark: str, options: Mapping[str, Any], out: str, data_vers
     else:
         manifest = jobs.prepare(benchmark, out, **options)
         version = dvc_io.version_metadata(out, remote)
-    return {"benchmark": benchmark, "options": options, "tasks": manifest["tasks"],
+    return {"benchmark": benchmark, "data_options": options, "tasks": manifest["tasks"],
             "content_hash": manifest["content_hash"], **version}
 
 
 def train(data: str, data_metadata: Mapping[str, Any], run_out: str, model_out: str, report_out: str,
           summary_out: str, run_spec: str, epochs: int, train_options: Mapping[str, Any], checkpoint_root: str = "",
-          pushgateway: str = "", pipeline_name: str = "", run_id: str = "", teleport: str = "",
-          teleport_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+          pushgateway: str = "", pipeline_name: str = "", run_id: str = "") -> dict[str, Any]:
     """Train the run of ``run_spec`` on the Dataset at ``data`` (refused when its hashes differ from
     ``data_metadata``'s). With ``checkpoint_root`` the run directory is ``<root>/<run key>`` and training
     resumes there; the finished run is copied to ``run_out`` (without the checkpoint), its weights to
     ``model_out``, its HTML report and Markdown summary to ``report_out`` / ``summary_out``.
+    A single-task reference (``"reference": true`` in the spec) takes ``train_options`` without COST's
+    (:func:`~mtlflow.config.pipeline.reference_options`).
     Returns ``{"metadata": ..., "metrics": {task: {name: value}}}`` (the selected final test metrics)."""
     spec = json.loads(run_spec)
     options = from_struct(dict(train_options))
-    if teleport:  # COST: part of the run, so also of its run key and label
-        options = {**options, "teleport": teleport, "teleport_options": from_struct(dict(teleport_options or {}))}
+    if spec.get("reference"):
+        options = reference_options(options)
     content_hash = data_metadata.get("content_hash")
     if data_metadata.get("dvc_hash"):
         dvc_io.verify_directory(data, data_metadata["dvc_hash"])

@@ -1,13 +1,17 @@
 """DVC stages: ``mtlflow stage {prepare,train,reference,evaluate,aggregate,experiment}`` read
 ``params.yaml`` and call the same :mod:`mtlflow.jobs` functions as the CLI and the Kubeflow components.
 
-Paths (relative to the DVC project root):
+``params.yaml`` is a :class:`~mtlflow.config.pipeline.SweepConfig` -- the ``benchmark_sweep`` pipeline's
+parameters, with the same names -- plus a ``dvc`` section with what only this pipeline needs:
+``reference_tasks`` (the matrix of the reference stage: the benchmark's tasks) and ``experiment_method``
+(the research stage). Paths (relative to the DVC project root):
 
 * ``data/prepared``                      -- prepared benchmark data (DVC-tracked, pushed with ``dvc push``);
-* ``runs/mtl/<method>-s<seed>``          -- one run per (method, seed) of ``train.methods x train.seeds``;
-* ``runs/reference/<task>-s<seed>``      -- single-task reference runs;
+* ``runs/mtl/<method>-s<seed>``          -- one run per (method, seed) of ``methods x seeds``;
+* ``runs/reference/<task>-s<seed>``      -- single-task reference runs (``reference_seeds``; never COST);
 * ``runs/evaluation/<method>-s<seed>.json`` -- test-split evaluation of every sweep run;
-* ``runs/experiment/<method>-s<seed>``   -- the research run of ``train.method`` (``dvc exp run -S train.method=X``);
+* ``runs/experiment/<method>-s<seed>``   -- the research run of ``dvc.experiment_method``
+  (``dvc exp run -S dvc.experiment_method=X``);
 * ``metrics/train/<method>-s<seed>.json``, ``metrics/evaluate.json``, ``metrics/summary.json`` and
   ``metrics/experiment.json`` -- DVC metrics;
 * ``reports/latest`` and ``reports/experiment`` -- the aggregate reports (HTML, plots, tables).
@@ -15,10 +19,13 @@ Paths (relative to the DVC project root):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mtlflow import jobs
+from mtlflow import methods as method_registry
+from mtlflow.config.pipeline import SweepConfig, reference_options
 from mtlflow.core import atomic
 from mtlflow.core.errors import InvalidParameterError
 
@@ -29,17 +36,41 @@ EVALUATIONS = Path("runs/evaluation")
 EXPERIMENTS = Path("runs/experiment")
 
 
-def load_params(path: str | Path = "params.yaml") -> dict[str, Any]:
+@dataclass(frozen=True)
+class DvcParams:
+    """``params.yaml``: the sweep and the DVC pipeline's own settings."""
+
+    sweep: SweepConfig
+    reference_tasks: list[str]
+    experiment_method: str
+    #: the experiment method's hyper-parameters (``method_hparams`` may name it when it is not in the sweep)
+    experiment_hparams: dict[str, Any]
+
+
+def load_params(path: str | Path = "params.yaml") -> DvcParams:
     path = Path(path)
     if not path.exists():
         raise InvalidParameterError(f"{path} not found; run DVC stages from the project root")
     params = atomic.read_yaml(path, "params file") or {}
     if not isinstance(params, dict):
-        raise InvalidParameterError(f"{path} must hold a mapping with prepare, train and reference sections")
-    for section in ("prepare", "train", "reference"):
-        if section not in params:
-            raise InvalidParameterError(f"{path} lacks the '{section}' section")
-    return params
+        raise InvalidParameterError(f"{path} must hold a mapping of sweep parameters and a dvc section")
+    dvc = params.pop("dvc", None)
+    if not isinstance(dvc, dict) or set(dvc) != {"reference_tasks", "experiment_method"}:
+        raise InvalidParameterError(f"{path} needs a dvc section with exactly reference_tasks (the benchmark's "
+                                    "tasks) and experiment_method (the research stage's method)")
+    experiment = dvc["experiment_method"]
+    method_registry.get(experiment)  # an unknown name fails with the valid ones
+    hparams = dict(params.get("method_hparams") or {})
+    experiment_hparams = dict(hparams.get(experiment) or {})
+    if experiment not in (params.get("methods") or SweepConfig.defaults()["methods"]):
+        hparams.pop(experiment, None)
+        method_registry.build(experiment, 2, **experiment_hparams)  # checks the names and values
+    sweep = SweepConfig.from_mapping({**params, "method_hparams": hparams}, where=f"{path} key(s)")
+    tasks = sweep.build_benchmark().task_names
+    if list(dvc["reference_tasks"] or []) != list(tasks):
+        raise InvalidParameterError(f"{path}: dvc.reference_tasks must list the benchmark's tasks {tasks} (the "
+                                    "references of Δm%)")
+    return DvcParams(sweep, list(tasks), experiment, experiment_hparams)
 
 
 def run_name(method: str, seed: int) -> str:
@@ -50,41 +81,32 @@ def flat_metrics(final: dict[str, dict[str, float]]) -> dict[str, float]:
     return {f"{task}.{name}": value for task, values in final.items() for name, value in values.items()}
 
 
-def stage_prepare(params: dict[str, Any]) -> None:
-    prep = params["prepare"]
-    jobs.prepare(prep["benchmark"], DATA, overwrite=True, **(prep.get("options") or {}))
+def stage_prepare(params: DvcParams) -> None:
+    jobs.prepare(params.sweep.benchmark, DATA, overwrite=True, **params.sweep.data_options)
 
 
-def _train_options(params: dict[str, Any]) -> dict[str, Any]:
-    train = params["train"]
-    return {"epochs": train["epochs"], **(train.get("options") or {})}
+def _train_options(params: DvcParams) -> dict[str, Any]:
+    return {"epochs": params.sweep.epochs, **params.sweep.train_options}
 
 
-def _teleport(params: dict[str, Any]) -> dict[str, Any]:
-    """``train.teleport`` (COST around the method runs; references never teleport) and its options."""
-    train = params["train"]
-    if not train.get("teleport"):
-        return {}
-    return {"teleport": train["teleport"], "teleport_options": train.get("teleport_options") or {}}
+def _train_method(params: DvcParams, method: str, seed: int, hparams: dict[str, Any], out: Path) -> dict[str, Any]:
+    return jobs.train(DATA, out, method=method, seed=seed, hparams=hparams, overwrite=True, progress=False,
+                      **_train_options(params))
 
 
-def stage_train(params: dict[str, Any], method: str, seed: int) -> None:
-    train = params["train"]
-    out = RUNS / run_name(method, seed)
-    result = jobs.train(DATA, out, method=method, seed=seed, overwrite=True,
-                        hparams=(train.get("method_hparams") or {}).get(method, {}),
-                        progress=False, **_train_options(params), **_teleport(params))
+def stage_train(params: DvcParams, method: str, seed: int) -> None:
+    hparams = params.sweep.method_hparams.get(method, {})
+    result = _train_method(params, method, seed, hparams, RUNS / run_name(method, seed))
     atomic.write_json(Path("metrics/train") / f"{run_name(method, seed)}.json", flat_metrics(result["final"]["test"]))
 
 
-def stage_reference(params: dict[str, Any], task: str, seed: int) -> None:
+def stage_reference(params: DvcParams, task: str, seed: int) -> None:
     jobs.train(DATA, REFERENCES / f"{task}-s{seed}", method="ls", seed=seed, tasks=[task], progress=False,
-               overwrite=True, **_train_options(params))
+               overwrite=True, **reference_options(_train_options(params)))
 
 
-def _reference_dirs(params: dict[str, Any]) -> list[Path]:
-    ref = params["reference"]
-    return [REFERENCES / f"{t}-s{s}" for t in ref["tasks"] for s in ref["seeds"]]
+def _reference_dirs(params: DvcParams) -> list[Path]:
+    return [REFERENCES / f"{t}-s{s}" for t in params.reference_tasks for s in params.sweep.reference_seeds]
 
 
 def _scores(summary: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -92,38 +114,31 @@ def _scores(summary: dict[str, Any]) -> dict[str, dict[str, float]]:
             for label, row in summary["methods"].items()}
 
 
-def stage_evaluate(params: dict[str, Any]) -> None:
+def stage_evaluate(params: DvcParams) -> None:
     """Evaluate the final model of every sweep run on the test split (checks the data version too)."""
-    train = params["train"]
     flat = {}
-    for method in train["methods"]:
-        for seed in train["seeds"]:
+    for method in params.sweep.methods:
+        for seed in params.sweep.seeds:
             name = run_name(method, seed)
             result = jobs.evaluate(RUNS / name, DATA, split="test", out_file=EVALUATIONS / f"{name}.json")
             flat[name] = flat_metrics(result["metrics"])
     atomic.write_json(Path("metrics/evaluate.json"), flat)
 
 
-def stage_aggregate(params: dict[str, Any]) -> None:
-    train = params["train"]
-    runs = [RUNS / run_name(m, s) for m in train["methods"] for s in train["seeds"]]
+def stage_aggregate(params: DvcParams) -> None:
+    runs = [RUNS / run_name(m, s) for m in params.sweep.methods for s in params.sweep.seeds]
     summary = jobs.aggregate(runs, Path("reports/latest"), reference_dirs=_reference_dirs(params))
     atomic.write_json(Path("metrics/summary.json"), _scores(summary))
 
 
-def stage_experiment(params: dict[str, Any]) -> None:
-    """The research loop: train ``train.method`` (one run per seed of ``train.seeds``) and score it
-    against the single-task references; ``dvc exp run -S train.method=X`` compares methods as experiments."""
-    train = params["train"]
-    method = train.get("method")
-    if not method:
-        raise InvalidParameterError("params.yaml lacks train.method; set it or run "
-                                    "`dvc exp run -S train.method=<name>`")
+def stage_experiment(params: DvcParams) -> None:
+    """The research loop: train ``dvc.experiment_method`` (one run per seed of ``seeds``) and score it against
+    the single-task references; ``dvc exp run -S dvc.experiment_method=X`` compares methods as experiments."""
+    method = params.experiment_method
     runs = []
-    for seed in train["seeds"]:
+    for seed in params.sweep.seeds:
         out = EXPERIMENTS / run_name(method, seed)
-        jobs.train(DATA, out, method=method, seed=seed, hparams=(train.get("method_hparams") or {}).get(method, {}),
-                   progress=False, overwrite=True, **_train_options(params), **_teleport(params))
+        _train_method(params, method, seed, params.experiment_hparams, out)
         runs.append(out)
     summary = jobs.aggregate(runs, Path("reports/experiment"), reference_dirs=_reference_dirs(params))
     (label, row), = summary["methods"].items()

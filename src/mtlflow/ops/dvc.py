@@ -29,7 +29,8 @@ from typing import Any, Iterator
 
 import yaml
 
-from mtlflow.core.errors import DataError, InvalidParameterError
+from mtlflow.config.data import check_dir_hash
+from mtlflow.core.errors import DataError
 
 #: Environment variable naming the remote when no explicit URL is given (set from the Secret on the cluster).
 REMOTE_ENV = "MTLFLOW_DVC_REMOTE"
@@ -38,7 +39,6 @@ GIT_REV_ENV = "MTLFLOW_GIT_REV"
 #: S3-compatible endpoint (MinIO) applied to ``s3://`` remotes.
 ENDPOINT_ENV = "AWS_ENDPOINT_URL"
 REMOTE_NAME = "store"
-_DIR_HASH = re.compile(r"^[0-9a-f]{32}\.dir$")
 
 
 def resolve_remote(url: str | None, default: str | os.PathLike | None = None) -> str | None:
@@ -53,13 +53,6 @@ def remote_config(url: str) -> dict[str, Any]:
     if url.startswith("s3://") and os.environ.get(ENDPOINT_ENV):
         config["endpointurl"] = os.environ[ENDPOINT_ENV]
     return config
-
-
-def check_dir_hash(dvc_hash: str) -> str:
-    if not isinstance(dvc_hash, str) or not _DIR_HASH.match(dvc_hash):
-        raise InvalidParameterError(f"data version {dvc_hash!r} is not a DVC directory hash; give the "
-                                    "'<32 hex digits>.dir' value recorded as dvc_hash in the dataset metadata")
-    return dvc_hash
 
 
 def directory_md5(path: str | os.PathLike) -> str:

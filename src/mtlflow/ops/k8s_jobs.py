@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from mtlflow.config.pipeline import JOB_KINDS
 from mtlflow.config.run import train_arguments
 from mtlflow.core.errors import InvalidParameterError, MtlflowError
 
-KINDS = ("TrainJob", "PyTorchJob")
 API = {"TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
        "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs")}
 TRAINING_RUNTIME = "mtlflow-torch-distributed"
@@ -156,7 +156,7 @@ def build_manifest(kind: str, job: DistributedTraining) -> dict[str, Any]:
         return trainjob_manifest(job)
     if kind == "PyTorchJob":
         return pytorchjob_manifest(job)
-    raise InvalidParameterError(f"unknown job kind {kind!r}; valid: {', '.join(KINDS)}")
+    raise InvalidParameterError(f"unknown job kind {kind!r}; valid: {', '.join(JOB_KINDS)}")
 
 
 def job_state(manifest_or_object: Mapping[str, Any]) -> str:

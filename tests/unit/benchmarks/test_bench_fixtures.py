@@ -224,5 +224,5 @@ def test_every_benchmark_is_registered_with_a_recipe_and_a_cpu_smoke_config() ->
     for name in ("qm9", "celeba", "nyuv2", "cityscapes", "office31", "officehome", "multimnist3", "tox21", "qm8",
                  "scm20d", "yeast"):
         cls = benchmarks.get(name)
-        assert cls.train_defaults["epochs"] >= 1 and cls.cpu_smoke["train"]["epochs"] >= 1
-        cls(**cls.cpu_smoke["options"])  # the smoke options are valid
+        assert cls.train_defaults["epochs"] >= 1 and cls.cpu_smoke["train_options"]["epochs"] >= 1
+        cls(**cls.cpu_smoke["data_options"])  # the smoke options are valid

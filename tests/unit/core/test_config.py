@@ -13,7 +13,7 @@ import pytest
 
 from mtlflow.cli import build_parser
 from mtlflow.cli.common import run_options
-from mtlflow.config.run import RunConfig, cli_flag, field_names, json_schema, parse_hparams, train_arguments
+from mtlflow.config.run import RunConfig, cli_flag, parse_hparams, train_arguments
 from mtlflow.core.errors import InvalidParameterError
 
 #: a value other than the default for every field, of every kind the model has
@@ -27,9 +27,9 @@ NON_DEFAULT = {"method": "fairgrad", "hparams": {"alpha": 2.0}, "epochs": 3, "ba
 
 
 def test_non_default_example_covers_every_field_with_another_value():
-    assert set(NON_DEFAULT) == set(field_names())
+    assert set(NON_DEFAULT) == set(RunConfig.field_names())
     defaults = RunConfig().to_dict()
-    assert [k for k in field_names() if NON_DEFAULT[k] == defaults[k]] == ["device", "grad_wrt", "architecture",
+    assert [k for k in RunConfig.field_names() if NON_DEFAULT[k] == defaults[k]] == ["device", "grad_wrt", "architecture",
                                                                            "architecture_options"]
 
 
@@ -49,7 +49,7 @@ def test_flags_follow_the_field_names():
     assert cli_flag("hparams") == "--hp"
     usage = subprocess.run([sys.executable, "-m", "mtlflow", "train", "--help"], capture_output=True, text=True,
                            timeout=300).stdout
-    for name in field_names():
+    for name in RunConfig.field_names():
         assert cli_flag(name) in usage, name
 
 
@@ -71,8 +71,8 @@ def test_from_mapping_validates_once_with_the_option_name():
 
 
 def test_json_schema_describes_every_field_and_accepts_run_json_configs():
-    schema = json_schema()
-    assert list(schema["properties"]) == field_names()
+    schema = RunConfig.json_schema()
+    assert list(schema["properties"]) == RunConfig.field_names()
     for f in dataclasses.fields(RunConfig):
         prop = schema["properties"][f.name]
         assert prop["description"] == f.metadata["help"] and prop["description"]
@@ -139,7 +139,7 @@ def test_train_command_on_cached_data_validates_once_and_hashes_once(tmp_path, m
     from mtlflow.cli import main
 
     monkeypatch.setenv("MTLFLOW_CACHE", str(tmp_path / "cache"))
-    options = [a for k, v in SMALL_SIZES.items() for a in ("--option", f"{k}={v}")]
+    options = [a for k, v in SMALL_SIZES.items() for a in ("--data-option", f"{k}={v}")]
     argv = ["train", "--benchmark", "multimnist", *options, "--method", "fairgrad", "--epochs", "1",
             "--batch-size", "64", "--max-steps-per-epoch", "1", "--no-progress"]
     assert main([*argv, "--out", str(tmp_path / "first")]) == 0  # prepares the cache

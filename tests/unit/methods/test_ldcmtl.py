@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from mtlflow import benchmarks, jobs, methods
+from mtlflow.config.run import RunConfig
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.methods.base import StepContext
 from mtlflow.methods.ldcmtl import LDCMTL, discrepancy, penalty
@@ -280,6 +281,6 @@ def test_table5_step_sizes_are_the_ldcmtl_training_defaults() -> None:
     table5 = {"celeba": 1e-3, "qm9": 1e-3, "cityscapes": 3e-4, "nyuv2": 8e-5}
     for name, step in table5.items():
         bench = benchmarks.build(name)
-        assert jobs.train_config(bench.train_defaults, method="ldcmtl").lr == step, name
-        assert jobs.train_config(bench.train_defaults, method="ldcmtl", lr=0.5).lr == 0.5
-        assert jobs.train_config(bench.train_defaults, method="ls").lr == bench.train_defaults["lr"]
+        assert RunConfig.for_benchmark(bench.train_defaults, method="ldcmtl").lr == step, name
+        assert RunConfig.for_benchmark(bench.train_defaults, method="ldcmtl", lr=0.5).lr == 0.5
+        assert RunConfig.for_benchmark(bench.train_defaults, method="ls").lr == bench.train_defaults["lr"]

@@ -16,9 +16,9 @@ import logging
 import os
 import threading
 import time
-import urllib.parse
 from typing import Any, Iterable, Mapping
 
+from mtlflow.config.pipeline import check_gateway_address
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.ops.observability.catalog import MetricSpec
 
@@ -39,18 +39,6 @@ def resolve_pushgateway(explicit: str | None) -> str | None:
         return None
     check_gateway_address(value)
     return value
-
-
-def check_gateway_address(address: str) -> None:
-    """``host:port`` or ``http(s)://host[:port][/path]``; anything else is rejected with the fix."""
-    parsed = urllib.parse.urlsplit(address if "://" in address else f"http://{address}")
-    try:
-        parsed.port  # noqa: B018 -- raises on a malformed port
-    except ValueError:
-        parsed = None
-    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname or " " in address:
-        raise InvalidParameterError(f"Pushgateway address {address!r} is not valid; use host:port or "
-                                    "http://host:port, e.g. http://pushgateway.monitoring:9091")
 
 
 class MetricSet:

@@ -1,0 +1,59 @@
+"""The configuration of a data set: the benchmark and its preparation options, under one name everywhere.
+
+``mtlflow prepare --benchmark B --data-option KEY=VALUE``, ``params.yaml``'s ``benchmark`` and
+``data_options``, the pipelines' parameters of the same names and ``jobs.prepare(benchmark, out,
+**data_options)`` are all :class:`DataConfig`. The options themselves are declared by each benchmark
+(:class:`mtlflow.core.hparams.ConfigField`; ``mtlflow benchmarks`` lists them) and checked by it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from mtlflow import benchmarks
+from mtlflow.config.model import ConfigModel, option
+from mtlflow.core.errors import InvalidParameterError
+
+_DIR_HASH = re.compile(r"^[0-9a-f]{32}\.dir$")
+
+
+def check_dir_hash(dvc_hash: str) -> str:
+    """A DVC directory hash (``<32 hex digits>.dir``), the version of a data set."""
+    if not isinstance(dvc_hash, str) or not _DIR_HASH.match(dvc_hash):
+        raise InvalidParameterError(f"data version {dvc_hash!r} is not a DVC directory hash; give the "
+                                    "'<32 hex digits>.dir' value recorded as dvc_hash in the dataset metadata")
+    return dvc_hash
+
+
+@dataclass
+class DataConfig(ConfigModel):
+    """The data set of a run: a benchmark and its preparation options."""
+
+    subject = "data options"
+
+    benchmark: str = option("multimnist", "the benchmark (see `mtlflow benchmarks`)")
+    data_options: dict[str, Any] = option(help="the benchmark's preparation options, e.g. n_train=2000 (see "
+                                               "`mtlflow benchmarks`)", factory=dict, flag="--data-option")
+
+    def validate(self) -> None:
+        self.check_types()
+        self.build_benchmark()  # unknown benchmarks and options are refused by the benchmark
+
+    def build_benchmark(self) -> benchmarks.Benchmark:
+        return benchmarks.build(self.benchmark, **self.data_options)
+
+
+@dataclass
+class VersionedDataConfig(DataConfig):
+    """A data set as the pipelines take it: prepared and versioned with DVC, or a version already stored."""
+
+    data_version: str = option("", "DVC directory hash of a stored data version to train on ('' = prepare the data "
+                                   "now and version it)")
+    dvc_remote: str = option("", "DVC remote URL ('' = the remote of the storage layout)")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.data_version:
+            check_dir_hash(self.data_version)
