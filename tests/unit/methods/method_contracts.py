@@ -1,0 +1,132 @@
+"""Property-test mixins, one per method family: a test class ``TestX(FamilyContract)`` with ``name = "x"``
+checks that method against every property its family promises.
+
+* every method (:class:`MethodContract`): an unknown hyper-parameter is one line, the task count must be
+  positive, a checkpointed state continues a run exactly (the generator of a stochastic method included:
+  the clone is built with another seed), and the run seed alone decides a stochastic method's draws;
+* loss weighting (:class:`LossWeightingContract`): the gradient of the objective w.r.t. the losses is
+  exactly the weights the method logs (autograd against ``last_weights``, after every step);
+* gradient methods (:class:`GradientContract`): one finite direction entry per parameter;
+* Gramian weightings (:class:`GramianContract`): the direction is ``last_weights @ J``, depends on J only
+  through its Gramian (rotating the parameter space rotates the direction) and, for deterministic
+  methods, does not depend on the order of the tasks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+from mtlflow import methods
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.methods.base import StepContext
+
+from method_helpers import ctx, jacobian, positive_losses, through_torch_save
+
+
+class MethodContract:
+    name: ClassVar[str]
+    hparams: ClassVar[dict[str, Any]] = {}
+    n_tasks: ClassVar[int] = 3
+
+    def build(self, seed: int = 0) -> methods.Method:
+        return methods.build(self.name, self.n_tasks, seed, **self.hparams)
+
+    def step(self, method: methods.Method, i: int) -> torch.Tensor:
+        """Step ``i`` of a run (the same data for every instance) and what it produced."""
+        raise NotImplementedError
+
+    def test_an_unknown_hyper_parameter_is_refused_in_one_line(self) -> None:
+        with pytest.raises(InvalidParameterError, match="unknown hyper-parameter") as exc:
+            methods.build(self.name, self.n_tasks, not_a_hyper_parameter=1)
+        assert "\n" not in str(exc.value)
+
+    def test_the_task_count_must_be_a_positive_integer(self) -> None:
+        with pytest.raises(InvalidParameterError, match="n_tasks"):
+            methods.build(self.name, 0)
+
+    def test_a_checkpointed_state_continues_the_run_exactly(self) -> None:
+        original = self.build(seed=5)
+        for i in range(3):
+            self.step(original, i)
+        original.on_epoch_end(1)
+        resumed = self.build(seed=6)  # another seed: the state must carry the generator
+        resumed.load_state_dict(through_torch_save(original.state_dict()))
+        for i in range(3, 6):
+            assert torch.equal(self.step(original, i), self.step(resumed, i)), i
+            if original.last_weights is not None:
+                assert torch.equal(original.last_weights, resumed.last_weights), i
+
+    def test_the_run_seed_decides_the_draws(self) -> None:
+        first, again, other = self.build(seed=7), self.build(seed=7), self.build(seed=8)
+        outputs = [self.step(first, i) for i in range(4)]
+        assert all(torch.equal(out, self.step(again, i)) for i, out in enumerate(outputs))
+        differs = any(not torch.equal(out, self.step(other, i)) for i, out in enumerate(outputs))
+        assert differs == methods.get(self.name).stochastic
+
+
+class LossWeightingContract(MethodContract):
+    def step(self, method: methods.Method, i: int) -> torch.Tensor:
+        losses = positive_losses(100 + i, self.n_tasks).requires_grad_(True)
+        method.before_backward(ctx(losses, step=i))
+        gradient, = torch.autograd.grad(method.objective(losses), losses)
+        after = losses.detach() * 0.9  # what a step did to the losses, for the methods that watch it (FAMO)
+        method.after_optimizer_step(StepContext(step=i, epoch=1, losses=losses.detach(),
+                                                recompute_losses=lambda: after))
+        return gradient
+
+    def test_the_objective_applies_exactly_the_weights_it_logs(self) -> None:
+        method = self.build()
+        for i in range(4):
+            gradient = self.step(method, i)
+            torch.testing.assert_close(gradient, method.last_weights.to(gradient), rtol=1e-12, atol=0)
+
+
+class GradientContract(MethodContract):
+    n_params: ClassVar[int] = 9
+
+    def data(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return jacobian(200 + i, self.n_tasks, self.n_params), positive_losses(200 + i, self.n_tasks)
+
+    def step(self, method: methods.Method, i: int) -> torch.Tensor:
+        return method.combine(*self.data(i))
+
+    def test_the_direction_has_one_finite_entry_per_parameter(self) -> None:
+        method = self.build()
+        for i in range(3):
+            direction = self.step(method, i)
+            assert direction.shape == (self.n_params,) and torch.isfinite(direction).all()
+
+
+class GramianContract(GradientContract):
+    #: False for methods that visit the tasks in a random order (PCGrad, GradVac)
+    task_symmetric: ClassVar[bool] = True
+    #: how closely the method's solver meets its optimality conditions (Nash-MTL's iterations stop near 1e-9)
+    solver_atol: ClassVar[float] = 1e-9
+
+    def test_the_direction_is_the_logged_weights_times_the_gradients(self) -> None:
+        method = self.build()
+        for i in range(3):
+            grads, losses = self.data(i)
+            direction = method.combine(grads, losses)
+            torch.testing.assert_close(direction, method.last_weights.to(grads) @ grads, rtol=1e-9, atol=1e-12)
+
+    def test_the_direction_depends_on_the_jacobian_through_its_gramian_only(self) -> None:
+        rotation, _ = torch.linalg.qr(jacobian(99, self.n_params, self.n_params))
+        plain, rotated = self.build(seed=3), self.build(seed=3)
+        for i in range(3):
+            grads, losses = self.data(i)
+            torch.testing.assert_close(rotated.combine(grads @ rotation, losses),
+                                       plain.combine(grads, losses) @ rotation, rtol=1e-7, atol=self.solver_atol)
+
+    def test_relabelling_the_tasks_leaves_the_direction_unchanged(self) -> None:
+        if not self.task_symmetric:
+            pytest.skip(f"{self.name} visits the tasks in a random order")
+        order = torch.randperm(self.n_tasks, generator=torch.Generator().manual_seed(1))
+        plain, relabelled = self.build(), self.build()
+        for i in range(3):
+            grads, losses = self.data(i)
+            torch.testing.assert_close(relabelled.combine(grads[order], losses[order]), plain.combine(grads, losses),
+                                       rtol=1e-7, atol=self.solver_atol)

@@ -1,0 +1,79 @@
+"""What the method tests share: seeded Jacobians and losses, the cases they run on, hook contexts, a
+stand-in trainer, a small model, state round trips."""
+
+from __future__ import annotations
+
+import copy
+import io
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from hypothesis import settings
+from torch import nn
+
+from mtlflow import methods
+from mtlflow.methods.base import StepContext
+from mtlflow.models.base import MultiTaskModel
+
+PROPERTY_SETTINGS = settings(max_examples=60, deadline=None, database=None, derandomize=True)
+
+# (seed, K, P): full-rank Jacobians (K <= P; K = 2 included everywhere) and rank-deficient ones (K > P)
+FULL_RANK = [(0, 2, 3), (1, 2, 40), (2, 3, 10), (3, 4, 4), (4, 5, 30), (5, 8, 20), (6, 10, 64)]
+RANK_DEFICIENT = [(7, 5, 3), (8, 8, 2), (9, 3, 2)]
+SHAPES = FULL_RANK + RANK_DEFICIENT
+
+
+def jacobian(seed: int, k: int, p: int, scale: float = 1.0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(k, p, generator=gen, dtype=torch.float64) * scale
+
+
+def gramian(grads: torch.Tensor) -> np.ndarray:
+    return (grads @ grads.T).numpy()
+
+
+def positive_losses(seed: int, k: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    return torch.rand(k, generator=gen, dtype=torch.float64) * 3 + 0.05
+
+
+def random_orders(seed: int, k: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [list(rng.permutation([j for j in range(k) if j != i])) for i in range(k)]
+
+
+def direction(name: str, grads: torch.Tensor, **hparams) -> tuple[np.ndarray, methods.Method]:
+    """The method's direction on ``grads`` (losses all 1) and the method."""
+    method = methods.build(name, grads.shape[0], **hparams)
+    d = method.combine(grads, torch.ones(grads.shape[0], dtype=grads.dtype))
+    return d.numpy(), method
+
+
+def ctx(losses: torch.Tensor, step: int = 0, epoch: int = 1) -> StepContext:
+    return StepContext(step=step, epoch=epoch, losses=losses.detach(), recompute_losses=lambda: losses)
+
+
+def fake_trainer(model: nn.Module | None = None, seed: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(model=model, config=SimpleNamespace(seed=seed))
+
+
+def small_model(k: int, seed: int = 0) -> MultiTaskModel:
+    torch.manual_seed(seed)
+    trunk = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 4))
+    return MultiTaskModel(trunk, [nn.Linear(4, 1) for _ in range(k)], [f"t{i}" for i in range(k)]).double()
+
+
+def through_torch_save(state: dict) -> dict:
+    """``state`` after a save and a load, as a checkpoint carries it."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+def roundtrip(method: methods.Method) -> methods.Method:
+    """A fresh instance with the same hyper-parameters, loaded from a deep copy of the state."""
+    clone = methods.build(method.name, method.n_tasks, **method.hp)
+    clone.load_state_dict(copy.deepcopy(method.state_dict()))
+    return clone

@@ -1,0 +1,254 @@
+"""Gradient methods that are not Gramian weightings, each against its paper's defining property: DB-MTL
+(max-norm balancing, EMA, loss-scale invariance), GradDrop (sign selection per coordinate, = TorchJD), MoCo
+(convergence to the min-norm weights, the authors' variants), ExcessMTL (hand-computed updates, = TorchJD);
+then the family's contract (`method_contracts.GradientContract`) for every one of them and IMTL.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torchjd import aggregation as torchjd_aggregation
+
+from mtlflow import methods
+from mtlflow.methods.dbmtl import max_norm_balance
+from mtlflow.methods.graddrop import graddrop_direction, sign_purity
+from mtlflow.methods.moco import project_to_simplex
+from mtlflow.methods.solvers import min_norm_weights_qp
+
+from method_contracts import GradientContract
+from method_helpers import FULL_RANK, RANK_DEFICIENT, fake_trainer, jacobian, positive_losses, roundtrip, small_model
+
+# -- DB-MTL ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed,k,p", FULL_RANK)
+def test_dbmtl_balances_every_task_to_the_largest_norm(seed: int, k: int, p: int) -> None:
+    grads = jacobian(seed, k, p) * torch.logspace(-2, 2, k, dtype=torch.float64)[:, None]
+    direction, alpha = max_norm_balance(grads)
+    contributions = alpha[:, None] * grads
+    largest = grads.norm(dim=1).max()
+    torch.testing.assert_close(contributions.norm(dim=1), torch.full((k,), float(largest), dtype=torch.float64))
+    torch.testing.assert_close(direction, contributions.sum(dim=0))
+
+
+def test_dbmtl_ema_of_log_loss_gradients_and_scale_invariance() -> None:
+    k, p = 3, 12
+    grads, losses = jacobian(0, k, p), positive_losses(0, k)
+    beta = 0.9
+    db = methods.build("dbmtl", k, beta=beta)
+    for t in range(1, 6):
+        direction = db.combine(grads, losses)
+        torch.testing.assert_close(db.ema_grads, (1 - beta**t) * grads / losses[:, None])
+    # constant input: the EMA keeps the direction of ∇ log L, so d equals the max-norm balance of it
+    torch.testing.assert_close(direction, max_norm_balance(grads / losses[:, None])[0] * (1 - beta**5))
+    # multiplying a task's loss by c multiplies its gradient by c: log makes the update invariant
+    scales = torch.tensor([10.0, 0.01, 3.0], dtype=torch.float64)
+    a, b = methods.build("dbmtl", k), methods.build("dbmtl", k)
+    for seed in range(4):
+        g, l = jacobian(seed, k, p), positive_losses(seed, k)
+        torch.testing.assert_close(a.combine(g, l), b.combine(g * scales[:, None], l * scales))
+    # beta_sigma decays the EMA factor as β / t^σ: at t = 1 the factor is β
+    db2 = methods.build("dbmtl", k, beta=0.5, beta_sigma=1.0)
+    db2.combine(grads, losses)
+    db2.combine(2 * grads, losses)               # factor 0.5 / 2 = 0.25
+    torch.testing.assert_close(db2.ema_grads, (0.25 * 0.5 + 0.75 * 2) * grads / losses[:, None])
+
+
+def test_dbmtl_scales_head_gradients_and_roundtrips() -> None:
+    model = small_model(2)
+    db = methods.build("dbmtl", 2)
+    db.setup(fake_trainer(model))
+    for i in range(2):
+        for prm in model.task_parameters(i):
+            prm.grad = torch.ones_like(prm)
+    losses = torch.tensor([0.5, 4.0], dtype=torch.float64)
+    grads = jacobian(1, 2, 9)
+    db.combine(grads, losses)
+    for i in range(2):
+        for prm in model.task_parameters(i):
+            torch.testing.assert_close(prm.grad, torch.full_like(prm, 1 / float(losses[i])))
+    clone = roundtrip(db)
+    torch.testing.assert_close(clone.combine(grads, losses), db.combine(grads, losses))
+
+
+# -- GradDrop -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed,k,p", FULL_RANK)
+def test_graddrop_keeps_one_sign_per_coordinate(seed: int, k: int, p: int) -> None:
+    grads = jacobian(seed, k, p)
+    grads[:, 0] = grads[:, 0].abs()           # a coordinate where every task agrees (+)
+    grads[:, 1] = -grads[:, 1].abs()          # ... and (-)
+    uniform = torch.rand(p, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    out = graddrop_direction(grads, uniform)
+    purity = sign_purity(grads)
+    positive = grads.clamp(min=0).sum(dim=0)
+    negative = grads.clamp(max=0).sum(dim=0)
+    for c in range(p):
+        chosen = positive[c] if purity[c] > uniform[c] else negative[c]   # P > U: the + sign
+        assert float(out[c]) == pytest.approx(float(chosen), abs=1e-12)
+    torch.testing.assert_close(out[:2], grads[:, :2].sum(dim=0))        # full agreement passes whole
+    torch.testing.assert_close(graddrop_direction(grads, uniform, leak=1.0), grads.sum(dim=0))
+    half = graddrop_direction(grads, uniform, leak=0.5)
+    torch.testing.assert_close(half, 0.5 * grads.sum(dim=0) + 0.5 * out)
+
+
+def test_graddrop_picks_the_positive_sign_with_probability_p() -> None:
+    grads = torch.tensor([[3.0, -1.0, 0.0], [-1.0, -1.0, 0.0]], dtype=torch.float64)
+    purity = sign_purity(grads)
+    torch.testing.assert_close(purity, torch.tensor([0.75, 0.0, 0.5], dtype=torch.float64))
+    gd = methods.build("graddrop", 2)
+    outs = torch.stack([gd.combine(grads, torch.ones(2)) for _ in range(4000)])
+    assert float((outs[:, 0] == 3.0).double().mean()) == pytest.approx(0.75, abs=0.03)
+    assert set(outs[:, 0].tolist()) == {3.0, -1.0}
+    assert torch.all(outs[:, 1] == -2.0) and torch.all(outs[:, 2] == 0.0)
+
+
+@pytest.mark.parametrize("seed,k,p", FULL_RANK + RANK_DEFICIENT)
+@pytest.mark.parametrize("leak", [0.0, 0.3])
+def test_graddrop_matches_torchjd_with_the_same_thresholds(seed: int, k: int, p: int, leak: float) -> None:
+    grads = jacobian(seed, k, p)
+    torch.manual_seed(seed)
+    uniform = torch.rand(p, dtype=grads.dtype)          # TorchJD draws U this way
+    torch.manual_seed(seed)
+    expected = torchjd_aggregation.GradDrop(leak=torch.full((k,), leak, dtype=grads.dtype))(grads)
+    torch.testing.assert_close(graddrop_direction(grads, uniform, leak), expected)
+
+
+def test_graddrop_generator_roundtrip() -> None:
+    grads = jacobian(0, 3, 50)
+    gd = methods.build("graddrop", 3, 5)
+    gd.combine(grads, torch.ones(3))
+    clone = roundtrip(gd)
+    torch.testing.assert_close(clone.combine(grads, torch.ones(3)), gd.combine(grads, torch.ones(3)))
+
+
+# -- MoCo ----------------------------------------------------------------------------------------
+
+def test_moco_tracks_constant_gradients_with_decaying_steps() -> None:
+    j = jacobian(60, 3, 5)
+    method = methods.build("moco", 3, beta=0.5, beta_sigma=0.5)
+    remaining = 1.0
+    for step in range(1, 6):
+        method.combine(j, torch.ones(3, dtype=torch.float64))
+        remaining *= 1 - 0.5 / step ** 0.5
+        # y = (1 − Π_k (1 − β_k)) h from y = 0
+        torch.testing.assert_close(method.tracked, (1 - remaining) * j, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.3])
+def test_moco_converges_to_the_min_norm_weights_on_a_fixed_jacobian(rho: float) -> None:
+    j = jacobian(61, 3, 10)
+    j = j / j.norm(dim=1, keepdim=True)   # unit gradients: γ_k ‖YYᵀ‖ < 2
+    method = methods.build("moco", 3, gamma=0.5, gamma_sigma=0.0, rho=rho)
+    for _ in range(3000):
+        d = method.combine(j, torch.ones(3, dtype=torch.float64))
+    expected = min_norm_weights_qp(j @ j.T + rho * torch.eye(3, dtype=torch.float64)).numpy()
+    np.testing.assert_allclose(method.last_weights.numpy(), expected, atol=1e-6)
+    np.testing.assert_allclose(d.numpy(), expected @ j.numpy(), atol=1e-6)
+
+
+def test_moco_simplex_projection_is_the_euclidean_projection() -> None:
+    import quadprog
+
+    gen = torch.Generator().manual_seed(62)
+    for _ in range(20):
+        v = torch.randn(5, generator=gen, dtype=torch.float64) * 2
+        # min ½‖x − v‖² s.t. Σx = 1, x ≥ 0
+        constraints = np.concatenate([np.ones((5, 1)), np.eye(5)], axis=1)
+        reference = quadprog.solve_qp(np.eye(5), v.numpy(), constraints, np.r_[1.0, np.zeros(5)], meq=1)[0]
+        np.testing.assert_allclose(project_to_simplex(v).numpy(), np.clip(reference, 0, None), atol=1e-10)
+
+
+def test_moco_authors_code_variants_first_step() -> None:
+    j = jacobian(63, 2, 4)
+    losses = torch.tensor([0.7, 2.0], dtype=torch.float64)
+    method = methods.build("moco", 2, lambda_update="softmax", normalize_grads=True, step_scale="none")
+    d = method.combine(j, losses)
+    h = j / (j.norm(dim=1, keepdim=True) + 1e-8) * losses[:, None]
+    y = 0.5 * h                                          # β_1 = 0.5 from y = 0
+    start = torch.full((2,), 0.5, dtype=torch.float64)
+    lam = torch.softmax(start - 0.1 * (y @ y.T) @ start, dim=0)     # γ_1 = 0.1, ρ = 0
+    torch.testing.assert_close(method.last_weights, lam)
+    torch.testing.assert_close(d, lam @ y)
+
+
+# -- ExcessMTL -----------------------------------------------------------------------------------
+
+def test_excessmtl_hand_computed_first_two_steps() -> None:
+    g1 = torch.tensor([[1.0, 2.0, 0.0], [0.5, 0.0, -1.0]], dtype=torch.float64)
+    g2 = torch.tensor([[0.1, 0.2, 0.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
+    method = methods.build("excessmtl", 2, robust_step_size=0.5)
+    d1 = method.combine(g1, torch.ones(2, dtype=torch.float64))
+    torch.testing.assert_close(method.last_weights, torch.tensor([0.5, 0.5], dtype=torch.float64))  # baseline only
+    torch.testing.assert_close(d1, g1.mean(dim=0))
+    s = g1 ** 2
+    e1 = (g1 ** 2 / torch.sqrt(s + 1e-7)).sum(dim=1)
+    s = s + g2 ** 2
+    e2 = (g2 ** 2 / torch.sqrt(s + 1e-7)).sum(dim=1)
+    w = torch.softmax(0.5 * e2 / e1, dim=0)
+    method.combine(g2, torch.ones(2, dtype=torch.float64))
+    torch.testing.assert_close(method.last_weights, w, rtol=1e-12, atol=1e-12)
+
+
+def test_excessmtl_shifts_weight_to_the_task_far_from_convergence() -> None:
+    method = methods.build("excessmtl", 2, robust_step_size=0.1)
+    base = jacobian(70, 2, 20)
+    for step in range(40):
+        # task 0 keeps a large gradient; task 1 converges (its gradient shrinks geometrically)
+        grads = torch.stack([base[0], base[1] * 0.8 ** step])
+        method.combine(grads, torch.ones(2, dtype=torch.float64))
+    w = method.last_weights
+    assert float(w[0]) > 0.6 and float(w.sum()) == pytest.approx(1.0)
+
+
+def test_excessmtl_matches_torchjd_with_one_warmup_step() -> None:
+    from torchjd.aggregation import ExcessMTLWeighting
+
+    # TorchJD with n_warmup_steps = 1 = the official code: the first step only sets the baseline
+    reference = ExcessMTLWeighting(robust_step_size=0.05, n_warmup_steps=1)
+    method = methods.build("excessmtl", 3, robust_step_size=0.05)
+    for step in range(8):
+        grads = jacobian(80 + step, 3, 12, scale=1.0 / (step + 1))
+        method.combine(grads, torch.ones(3, dtype=torch.float64))
+        torch.testing.assert_close(method.last_weights, reference(grads), rtol=1e-6, atol=1e-9)
+
+
+def test_excessmtl_warmup_epochs_average_the_baseline() -> None:
+    method = methods.build("excessmtl", 2, warmup_epochs=1, robust_step_size=1.0)
+    grads = [jacobian(90 + i, 2, 6) for i in range(3)]
+    for g in grads[:2]:
+        method.combine(g, torch.ones(2, dtype=torch.float64))
+        torch.testing.assert_close(method.last_weights, torch.full((2,), 0.5, dtype=torch.float64))
+    method.on_epoch_end(1)
+    method.combine(grads[2], torch.ones(2, dtype=torch.float64))
+    s = torch.zeros(2, 6, dtype=torch.float64)
+    estimates = []
+    for g in grads:
+        s = s + g ** 2
+        estimates.append((g ** 2 / torch.sqrt(s + 1e-7)).sum(dim=1))
+    baseline = (estimates[0] + estimates[1]) / 2
+    torch.testing.assert_close(method.last_weights, torch.softmax(estimates[2] / baseline, dim=0))
+
+
+# -- the family contract -----------------------------------------------------------------------------
+
+
+class TestDBMTL(GradientContract):
+    name = "dbmtl"
+
+
+class TestExcessMTL(GradientContract):
+    name = "excessmtl"
+
+
+class TestGradDrop(GradientContract):
+    name = "graddrop"
+
+
+class TestIMTL(GradientContract):
+    name = "imtl"
+
+
+class TestMoCo(GradientContract):
+    name = "moco"
