@@ -21,24 +21,16 @@ from mtlflow.cli.common import (
 )
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.seeding import seed_arg
-from mtlflow.jobs.cache import cached_data_dir
 
 
 def cmd_toy(args: argparse.Namespace) -> int:
     from mtlflow.experiments.trajectories import resolve_methods, run_toy
 
     names = resolve_methods(args.methods)
-    hparams = method_hparams(args, names)
-    teleport_options = parse_assignments(args.teleport_option, "--teleport-option")
-    if args.teleport:
-        from mtlflow.experiments.trajectories import toy_options
-        from mtlflow.teleport import validate
-
-        validate(args.teleport, teleport_options)
-        toy_options(teleport_options)
     summary = run_toy(names, args.out, steps=args.steps, scale=args.scale, lr=args.lr, seed=args.seed,
-                      hparams=hparams, progress=not args.no_progress, jobs=args.jobs, teleport=args.teleport,
-                      teleport_options=teleport_options)
+                      hparams=method_hparams(args, names), progress=not args.no_progress, jobs=args.jobs,
+                      teleport=args.teleport,
+                      teleport_options=parse_assignments(args.teleport_option, "--teleport-option"))
     failed = [m["method"] for m in summary["methods"] if m["status"] == "failed"]
     print(f"toy: wrote {Path(args.out) / 'toy.md'}, toy.json and toy.png")
     if failed:
@@ -79,15 +71,13 @@ def cmd_asmg_synthetic(args: argparse.Namespace) -> int:
 
 
 def cmd_hypercleaning(args: argparse.Namespace) -> int:
-    from mtlflow.experiments.hypercleaning import run_table, table_hparams
+    from mtlflow.experiments.hypercleaning import hypercleaning_table
 
     rows = csv_list(args.methods) or []
-    per_row = method_hparams(args, [r for r in rows if r != "ls"])  # LS (no cleaning) has no hyper-parameters here
-    table_hparams(rows, per_row)  # reject bad input before any data is prepared
-    seeds = seed_list(args.seeds)
-    data_dir = Path(args.data) if args.data else cached_data_dir("hypercleaning", bench_config(args))
-    run_table(data_dir, args.out, methods=rows, seeds=seeds, epochs=args.epochs,
-              hparams=per_row, progress=not args.no_progress)
+    # LS (no cleaning) has no hyper-parameters here
+    hypercleaning_table(args.out, args.data, bench_config(args), methods=rows, seeds=seed_list(args.seeds),
+                        epochs=args.epochs, hparams=method_hparams(args, [r for r in rows if r != "ls"]),
+                        progress=not args.no_progress)
     print((Path(args.out) / "table.md").read_text(), end="")
     return 0
 
@@ -97,25 +87,14 @@ ABLATION_RUN_OPTIONS = ("epochs", "batch_size", "lr", "max_steps_per_epoch", "se
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
-    from mtlflow import jobs
-    from mtlflow.experiments.cost_ablation import run_ablation
-    from mtlflow.teleport import validate
-    from mtlflow.teleport.triggers import RULES
+    from mtlflow.experiments.cost_ablation import ablate
 
     check_data_source(args)
-    if args.trigger not in RULES:
-        raise InvalidParameterError(f"--trigger must be one of {', '.join(RULES)}, got {args.trigger!r}")
-    options = parse_assignments(args.teleport_option, "--teleport-option")
-    validate("cost", options)
-    hparams = method_hparams(args, [args.method]).get(args.method, {})
-    train_options = run_options(args, only=ABLATION_RUN_OPTIONS)
-    seeds = seed_list(args.seeds)
-    # reject bad input before preparing any data: the base method's run, as every row trains it
-    jobs.plan_train(args.data, args.benchmark, bench_config(args), args.method, hparams=hparams, **train_options)
-    data_dir = Path(args.data) if args.data else cached_data_dir(args.benchmark, bench_config(args))
-    run_ablation(data_dir, args.out, method=args.method, hparams=hparams, seeds=seeds,
-                 component_trigger=args.trigger, teleport_options=options, train_options=train_options,
-                 progress=not args.no_progress)
+    ablate(args.out, args.data, args.benchmark, bench_config(args), method=args.method,
+           hparams=method_hparams(args, [args.method]).get(args.method, {}), seeds=seed_list(args.seeds),
+           component_trigger=args.trigger,
+           teleport_options=parse_assignments(args.teleport_option, "--teleport-option"),
+           train_options=run_options(args, only=ABLATION_RUN_OPTIONS), progress=not args.no_progress)
     print((Path(args.out) / "ablation.md").read_text(), end="")
     return 0
 

@@ -78,6 +78,30 @@ def _completed(run: Path) -> bool:
     return (run / "run.json").is_file() and atomic.read_json(run / "run.json").get("status") == "completed"
 
 
+def ablate(out_dir: str | Path, data_dir: str | Path | None = None, benchmark: str | None = None,
+           data_options: Mapping[str, Any] | None = None, method: str = "fairgrad",
+           hparams: Mapping[str, Any] | None = None, seeds: Sequence[int] = (0,),
+           component_trigger: str = "dominated", teleport_options: Mapping[str, Any] | None = None,
+           train_options: Mapping[str, Any] | None = None, progress: bool = True) -> dict[str, Any]:
+    """:func:`run_ablation` on prepared data (``data_dir``) or on ``benchmark`` prepared into the cache with
+    ``data_options``; the trigger, the COST options and the base method's run are checked before any data
+    is prepared."""
+    from mtlflow import jobs
+    from mtlflow.jobs.cache import cached_data_dir
+    from mtlflow.teleport import validate
+    from mtlflow.teleport.triggers import RULES
+
+    if component_trigger not in RULES:
+        raise InvalidParameterError(f"--trigger must be one of {', '.join(RULES)}, got {component_trigger!r}")
+    validate("cost", teleport_options)
+    # every row trains the base method's run: its configuration is checked first
+    jobs.plan_train(data_dir, benchmark, data_options, method, hparams=hparams, **dict(train_options or {}))
+    data = Path(data_dir) if data_dir else cached_data_dir(benchmark, dict(data_options or {}))
+    return run_ablation(data, out_dir, method=method, hparams=hparams, seeds=seeds,
+                        component_trigger=component_trigger, teleport_options=teleport_options,
+                        train_options=train_options, progress=progress)
+
+
 def run_ablation(data_dir: str | Path, out_dir: str | Path, method: str = "fairgrad",
                  hparams: Mapping[str, Any] | None = None, seeds: Sequence[int] = (0,),
                  component_trigger: str = "dominated", teleport_options: Mapping[str, Any] | None = None,
@@ -100,7 +124,7 @@ def run_ablation(data_dir: str | Path, out_dir: str | Path, method: str = "fairg
         if row.options is not None:
             validate("cost", row.options)
             RunConfig.for_benchmark(bench.train_defaults, method=method, hparams=hp, teleport="cost",
-                              teleport_options=dict(row.options), **train_options)
+                                    teleport_options=dict(row.options), **train_options)
     out = Path(out_dir)
     run_of: dict[str, str] = {}
     for row in rows:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -61,6 +61,20 @@ def table_hparams(methods: Sequence[str], hparams: dict[str, dict[str, Any]] | N
         rows[key] = {**fixed, **(hparams or {}).get(key, {})}
         methods_registry.build(method, len(defaults.tasks), **resolved_hparams(defaults, method, rows[key]))
     return rows
+
+
+def hypercleaning_table(out_dir: str | Path, data_dir: str | Path | None = None,
+                        data_options: Mapping[str, Any] | None = None,
+                        methods: Sequence[str] = ("moml", "moco", "forum", "ls"), seeds: Sequence[int] = (0, 1, 2),
+                        epochs: int | None = None, hparams: dict[str, dict[str, Any]] | None = None,
+                        progress: bool = True) -> dict[str, Any]:
+    """:func:`run_table` on prepared data (``data_dir``) or on hyper-cleaning data prepared into the cache
+    with ``data_options``; the rows' hyper-parameters are checked before any data is prepared."""
+    from mtlflow.jobs.cache import cached_data_dir
+
+    table_hparams(methods, hparams)
+    data = Path(data_dir) if data_dir else cached_data_dir("hypercleaning", dict(data_options or {}))
+    return run_table(data, out_dir, methods=methods, seeds=seeds, epochs=epochs, hparams=hparams, progress=progress)
 
 
 def run_table(data_dir: str | Path, out_dir: str | Path, methods: Sequence[str] = ("moml", "moco", "forum", "ls"),

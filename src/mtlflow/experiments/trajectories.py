@@ -51,6 +51,7 @@ from mtlflow.jobs import resolved_hparams
 from mtlflow.methods.base import GradientMethod, GramianWeighting, LossWeighting, Method, StepContext
 from mtlflow.methods.solvers import two_task_min_norm
 from mtlflow.models.base import MultiTaskModel
+from mtlflow.teleport import validate as teleport_validate
 from mtlflow.teleport.htr import htr_sigma
 from mtlflow.teleport.objective import TeleportProblem, balance_weights, optimise_adapter
 from mtlflow.teleport.options import CostOptions
@@ -295,6 +296,9 @@ def run_toy(method_names: Sequence[str], out_dir: str | Path, steps: int = DEFAU
     hparams = hparams or {}
     for name, hp in hparams.items():  # validate before the long runs
         method_registry.build(name, 2, **hp)
+    if teleport:
+        teleport_validate(teleport, teleport_options)
+        toy_options(teleport_options)
 
     def report(result: ToyResult) -> ToyResult:
         if progress:
@@ -317,9 +321,6 @@ def run_toy(method_names: Sequence[str], out_dir: str | Path, steps: int = DEFAU
     out.mkdir(parents=True, exist_ok=True)
     teleports: dict[str, Any] = {}
     if teleport:
-        from mtlflow.teleport import validate
-
-        validate(teleport, teleport_options)
         results, teleports = add_cost_results(results, steps, scale, lr, seed, hparams, teleport_options, out, report)
     summary = {
         "schema": 1,
