@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,6 +151,18 @@ def pending_in(folders: list[str], mutants_dir: Path) -> list[str]:
     return names + [f"mtlflow.{folder}.*" if folder != "scoring" else "mtlflow.metrics.scoring.*" for folder in unknown]
 
 
+#: what mutmut copies unmutated into its working copy (the tests, and ``also_copy`` of pyproject.toml)
+COPIED = ("tests", "components", "pipelines")
+
+
+def drop_stale_copies(mutants_dir: Path) -> None:
+    """Remove mutmut's copies of the tests and the other unmutated folders: it copies files again on every
+    run but never deletes one, so a test file deleted or renamed in the repository would otherwise keep
+    running (against code it no longer matches) and fail the stats collection."""
+    for name in COPIED:
+        shutil.rmtree(mutants_dir / name, ignore_errors=True)
+
+
 def run(max_children: int, stop_after: float | None, retry_undetected: bool, only: list[str]) -> int:
     if retry_undetected:
         print(f"retesting {forget_undetected(Path('mutants'), only or list(FOLDERS))} undetected mutants")
@@ -159,6 +172,7 @@ def run(max_children: int, stop_after: float | None, retry_undetected: bool, onl
         if not names:
             print(f"nothing left to test in {', '.join(only)}")
             return report(Path("mutants"))
+    drop_stale_copies(Path("mutants"))
     # One thread per worker: the workers already fill the cores, and torch's pools must not oversubscribe.
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     process = subprocess.Popen([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *names],

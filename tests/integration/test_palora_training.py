@@ -12,7 +12,8 @@ from conftest import TINY_RUN
 from mtlflow import cli, jobs
 from mtlflow.config.run import RunConfig
 from mtlflow.core.errors import DataError, InvalidParameterError
-from mtlflow.engine.trainer import Trainer, load_model
+from mtlflow.engine.rundir import load_model
+from mtlflow.engine.trainer import Trainer
 from mtlflow.metrics.scoring import hypervolume
 
 #: a 3-point evaluation grid and no per-epoch front keep the plumbing tests fast

@@ -34,9 +34,7 @@ Run directory layout (the contract with ``evaluate``, ``aggregate`` and the pipe
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import platform
 import resource
 import statistics
 import time
@@ -48,16 +46,14 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-import mtlflow
 from mtlflow import methods as method_registry
 from mtlflow import teleport
 from mtlflow.benchmarks.base import Benchmark, BenchmarkData
 from mtlflow.config.run import RunConfig, autogram_needs_gramian
-from mtlflow.core import atomic
 from mtlflow.core.callbacks import Callback, StepState
 from mtlflow.core.errors import DataError, InvalidParameterError, NonFiniteLossError
-from mtlflow.core.seeding import capture_rng_state, epoch_generator, restore_rng_state, seed_everything
-from mtlflow.engine import distributed
+from mtlflow.core.seeding import epoch_generator, seed_everything
+from mtlflow.engine import distributed, rundir
 from mtlflow.engine import step as step_rules
 from mtlflow.engine.schedulers import build_scheduler
 from mtlflow.grad_engine import (
@@ -438,10 +434,10 @@ class Trainer:
     def fit(self, resume: bool = False) -> dict[str, Any]:
         start_epoch = 1
         if resume and self.dist.from_rank0((self.out_dir / "checkpoint.pt").is_file):
-            start_epoch = self._load_checkpoint() + 1
+            start_epoch = rundir.load_checkpoint(self) + 1
         self.dist.sync_parameters(self.model, "the start of training")
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self._write_run_json("running")
+        rundir.write_run_json(self, "running")
         for cb in self.callbacks:
             cb.on_train_start(self)
         bar = self._progress_bar(start_epoch)
@@ -451,7 +447,7 @@ class Trainer:
         except BaseException as exc:
             # Ctrl-C and SIGTERM (mtlflow.core.errors.Terminated) stop a healthy run that --resume continues
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-            self._write_run_json(status, error=f"{type(exc).__name__}: {exc}")
+            rundir.write_run_json(self, status, error=f"{type(exc).__name__}: {exc}")
             for cb in self.callbacks:
                 cb.on_train_failed(self, exc)
             raise
@@ -459,7 +455,7 @@ class Trainer:
             if bar is not None:
                 bar.close()
         result = self._finish()
-        self._write_run_json("completed")
+        rundir.write_run_json(self, "completed")
         for cb in self.callbacks:
             cb.on_train_end(self, result)
         return result
@@ -548,132 +544,19 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_epoch_end(self, record)
         self.history.append(record)
-        self._write_metrics()
-        self._save_checkpoint(epoch)
+        rundir.write_metrics(self)
+        rundir.save_checkpoint(self, epoch)
         self.dist.barrier()
 
     # -- outputs -------------------------------------------------------------------------------
     def _metric_specs(self) -> dict[str, dict[str, dict[str, bool]]]:
         return {t.name: t.metric_specs() for t in self.tasks}
 
-    def _write_metrics(self, final: dict[str, Any] | None = None) -> None:
-        if not self.dist.is_main:  # every rank holds the same history; rank 0 writes it
-            return
-        payload = {
-            "schema": 1,
-            "benchmark": self.bench.name,
-            "method": self.config.method,
-            "seed": self.config.seed,
-            "tasks": [t.name for t in self.tasks],
-            "primary_metrics": {t.name: t.primary for t in self.tasks},
-            "hv_reference": {t.name: t.hv_reference for t in self.tasks},
-            "metric_specs": self._metric_specs(),
-            "data_hash": self.data.content_hash,
-            "selection": {"rule": self.config.select, "split_used_for_selection": None,
-                          "note": "final = last epoch or mean of the last K epochs; test never selects"},
-            "epochs": self.history,
-        }
-        if final is not None:
-            payload["final"] = final
-        atomic.write_json(self.out_dir / "metrics.json", payload)
-
-    def _run_info(self) -> dict[str, Any]:
-        return {
-            "benchmark": self.bench.name,
-            "benchmark_config": self.bench.config,
-            "data_hash": self.data.content_hash,
-            "kind": "single-task" if len(self.tasks) == 1 and len(self.bench.tasks) > 1 else "multi-task",
-            "tasks": [t.name for t in self.tasks],
-            "config": dataclasses.asdict(self.config),
-            "fingerprint": self.config.fingerprint(),
-            "versions": {"mtlflow": mtlflow.__version__, "torch": torch.__version__,
-                         "python": platform.python_version()},
-            "distributed": self.dist.describe(),
-        }
-
-    def _write_run_json(self, status: str, error: str | None = None) -> None:
-        if not self.dist.is_main:
-            return
-        info = self._run_info()
-        info["status"] = status
-        if error:
-            info["error"] = error
-        atomic.write_json(self.out_dir / "run.json", info)
-
-    def _save_checkpoint(self, epoch: int) -> None:
-        if not self.dist.is_main:
-            return
-        atomic.torch_save({
-            "epoch": epoch,
-            "world_size": self.dist.world_size,
-            "global_step": self.global_step,
-            "fingerprint": self.config.fingerprint(),
-            "data_hash": self.data.content_hash,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "method": self.method.state_dict(),
-            "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks},
-            "reused_weights": self.reused_weights,
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "rng": capture_rng_state(),
-            "history": self.history,
-        }, self.out_dir / "checkpoint.pt")
-
-    def _load_checkpoint(self) -> int:
-        path = self.out_dir / "checkpoint.pt"
-        try:
-            ckpt = self.dist.load(path, self.device)
-        except Exception as exc:
-            raise DataError(f"checkpoint {path} is corrupt ({type(exc).__name__}); delete it to start over") from None
-        self.dist.check_checkpoint(ckpt, path)
-        if ckpt.get("fingerprint") != self.config.fingerprint():
-            raise InvalidParameterError(
-                f"checkpoint {path} was written with a different configuration; use the same options "
-                "to resume or another --out directory")
-        if ckpt.get("data_hash") != self.data.content_hash:
-            raise DataError(f"checkpoint {path} was trained on other data (hash {ckpt.get('data_hash')}); "
-                            "resume with the same prepared data")
-        self.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.method.load_state_dict(ckpt["method"])
-        for cb in self.callbacks:
-            cb.load_state_dict(ckpt.get("callbacks", {}).get(cb.name, {}))
-        self.reused_weights = ckpt.get("reused_weights")
-        if self.scheduler is not None and ckpt.get("scheduler") is not None:
-            self.scheduler.load_state_dict(ckpt["scheduler"])
-        restore_rng_state(ckpt["rng"])
-        self.history = list(ckpt["history"])
-        self.global_step = int(ckpt["global_step"])
-        return int(ckpt["epoch"])
-
     def _finish(self) -> dict[str, Any]:
         final = select_final(self.history, self.config.select)
-        self._write_metrics(final)
-        if not self.dist.is_main:
-            return {"final": final, "epochs": len(self.history)}
-        atomic.torch_save({"state_dict": self.model.state_dict(), "benchmark": self.bench.name,
-                           "benchmark_config": self.bench.config, "tasks": [t.name for t in self.tasks],
-                           "method": self.config.method, "data_hash": self.data.content_hash,
-                           "architecture": architectures.architecture_spec(self.model)},
-                          self.out_dir / "model.pt")
+        rundir.write_metrics(self, final)
+        rundir.save_model(self)
         return {"final": final, "epochs": len(self.history)}
-
-
-def load_model(model_path: str | Path, device: str = "cpu"):
-    """Rebuild the benchmark model saved by :class:`Trainer` (returns ``(bench, model, blob)``)."""
-    from mtlflow import benchmarks
-
-    path = Path(model_path)
-    if not path.is_file():
-        raise DataError(f"model file not found: expected {path}; train a run first")
-    try:
-        blob = torch.load(path, map_location=device, weights_only=False)
-    except Exception as exc:
-        raise DataError(f"model file {path} is corrupt ({type(exc).__name__}); retrain the run") from None
-    bench = benchmarks.build(blob["benchmark"], **blob["benchmark_config"])
-    model = architectures.rebuild_model(bench, blob["tasks"], blob.get("architecture"))
-    model.load_state_dict(blob["state_dict"])
-    return bench, model.to(device), blob
 
 
 def resolve_task_names(bench: Benchmark, tasks: Sequence[str] | None) -> list[str]:

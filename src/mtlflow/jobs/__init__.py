@@ -17,8 +17,8 @@ from mtlflow.config.run import RunConfig
 from mtlflow.core import atomic
 from mtlflow.core.callbacks import Callback
 from mtlflow.core.errors import DataError, InvalidParameterError
-from mtlflow.engine.rundir import check_run_consistent, read_run, run_label
-from mtlflow.engine.trainer import Trainer, load_model
+from mtlflow.engine.rundir import check_run_consistent, load_model, read_run, run_label
+from mtlflow.engine.trainer import Trainer
 from mtlflow.jobs.cache import cached_data
 from mtlflow.jobs.data import check_expected_hash, load_prepared, prepare
 

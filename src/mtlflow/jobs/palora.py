@@ -13,7 +13,7 @@ from torch import nn
 
 from mtlflow.core import atomic
 from mtlflow.core.errors import InvalidParameterError
-from mtlflow.engine.trainer import load_model
+from mtlflow.engine.rundir import load_model
 from mtlflow.pareto.adapters import AdapterSpec, PreferenceAdapters, parameter_overhead
 from mtlflow.pareto.front import evaluate_front, front_record, task_info
 
@@ -41,7 +41,7 @@ def evaluate_saved_front(model_path: str | Path, dataset: Any, split: str) -> di
 
 def merge_saved_model(model_path: str | Path, preference: Sequence[float], out: str | Path) -> dict[str, Any]:
     """Write the plain network of ``preference`` (adapters merged, Eq. 2) as a model file that
-    :func:`mtlflow.engine.trainer.load_model` and ``mtlflow evaluate`` read like any other run's model."""
+    :func:`mtlflow.engine.rundir.load_model` and ``mtlflow evaluate`` read like any other run's model."""
     _, _, adapters, blob = load_palora_model(model_path)
     merged = {k: v for k, v in blob.items() if k != "palora"}
     merged["state_dict"] = adapters.merged_state_dict(preference)

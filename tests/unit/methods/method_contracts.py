@@ -18,12 +18,11 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+from method_helpers import ctx, jacobian, positive_losses, through_torch_save
 
 from mtlflow import methods
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.methods.base import StepContext
-
-from method_helpers import ctx, jacobian, positive_losses, through_torch_save
 
 
 class MethodContract:

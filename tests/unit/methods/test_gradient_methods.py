@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from method_contracts import GradientContract
+from method_helpers import FULL_RANK, RANK_DEFICIENT, fake_trainer, jacobian, positive_losses, roundtrip, small_model
 from torchjd import aggregation as torchjd_aggregation
 
 from mtlflow import methods
@@ -16,9 +18,6 @@ from mtlflow.methods.dbmtl import max_norm_balance
 from mtlflow.methods.graddrop import graddrop_direction, sign_purity
 from mtlflow.methods.moco import project_to_simplex
 from mtlflow.methods.solvers import min_norm_weights_qp
-
-from method_contracts import GradientContract
-from method_helpers import FULL_RANK, RANK_DEFICIENT, fake_trainer, jacobian, positive_losses, roundtrip, small_model
 
 # -- DB-MTL ---------------------------------------------------------------------------------------
 

@@ -17,17 +17,6 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from torchjd import aggregation as torchjd_aggregation
-
-from mtlflow import methods
-from mtlflow.core.errors import InvalidParameterError, SolverError
-from mtlflow.methods._cvx import solve_checked
-from mtlflow.methods.alignedmtl import balance_transform
-from mtlflow.methods.gradvac import gradvac_coefficients
-from mtlflow.methods.imtlg import imtlg_weights
-from mtlflow.methods.pcgrad import pcgrad_coefficients
-from mtlflow.methods.solvers import fairgrad_weights, min_norm_weights_qp
-
 from method_contracts import GramianContract
 from method_helpers import (
     FULL_RANK,
@@ -43,6 +32,16 @@ from method_helpers import (
     roundtrip,
     small_model,
 )
+from torchjd import aggregation as torchjd_aggregation
+
+from mtlflow import methods
+from mtlflow.core.errors import InvalidParameterError, SolverError
+from mtlflow.methods._cvx import solve_checked
+from mtlflow.methods.alignedmtl import balance_transform
+from mtlflow.methods.gradvac import gradvac_coefficients
+from mtlflow.methods.imtlg import imtlg_weights
+from mtlflow.methods.pcgrad import pcgrad_coefficients
+from mtlflow.methods.solvers import fairgrad_weights, min_norm_weights_qp
 
 # -- MGDA ----------------------------------------------------------------------------------------
 

@@ -13,15 +13,14 @@ import math
 
 import pytest
 import torch
+from method_contracts import LossWeightingContract
+from method_helpers import ctx, fake_trainer, positive_losses, roundtrip, small_model
 
 from mtlflow import methods
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.methods.base import StepContext
 from mtlflow.methods.gradnorm import gradnorm_weight_gradient
 from mtlflow.methods.stch import smooth_tchebycheff
-
-from method_contracts import LossWeightingContract
-from method_helpers import ctx, fake_trainer, positive_losses, roundtrip, small_model
 
 # -- SI -------------------------------------------------------------------------------------------
 
