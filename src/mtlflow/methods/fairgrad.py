@@ -43,9 +43,7 @@ class FairGrad(GramianWeighting):
     paper = "Ban & Ji, Fair Resource Allocation in Multi-Task Learning, ICML 2024"
     equations = "α-fair direction: GᵀG w = w^(-1/α), d = G w"
     natural_scale = "mean"
-    hparams = {
-        "alpha": HParam(1.0, "fairness exponent α (1 = proportional fairness)", positive),
-    }
+    hparams = {"alpha": HParam(1.0, "fairness exponent α (1 = proportional fairness)", positive)}
 
     def __init__(self, n_tasks: int, **hparams: Any):
         super().__init__(n_tasks, **hparams)

@@ -46,9 +46,9 @@ class SmoothTchebycheff(LossWeighting):
     paper = "Lin et al., Smooth Tchebycheff Scalarization for Multi-Objective Optimization, ICML 2024"
     equations = "g_μ = μ log Σ_i exp((f_i - z_i*)/μ) on f = log L, z* = log(nadir); Σ log L warm-up"
     hparams = {
+        "min_losses": min_losses_hparam(),
         "mu": HParam(1.0, "smoothing parameter μ", positive),
         "warmup_epochs": HParam(4, "epochs of Σ log L_i before the nadir epoch", non_negative, kind=int),
-        "min_losses": min_losses_hparam(),
     }
 
     def __init__(self, n_tasks: int, **hparams: Any):
