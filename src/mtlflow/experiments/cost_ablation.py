@@ -109,7 +109,6 @@ def run_ablation(data_dir: str | Path, out_dir: str | Path, method: str = "fairg
     """Train every row x seed (and the single-task references) on prepared data; write the tables."""
     from mtlflow import jobs, methods
     from mtlflow.metrics.scoring import delta_m
-    from mtlflow.teleport import validate
 
     bench, data = jobs.load_prepared(data_dir)
     if len(bench.task_names) < 2:
@@ -120,9 +119,8 @@ def run_ablation(data_dir: str | Path, out_dir: str | Path, method: str = "fairg
     hp = jobs.resolved_hparams(bench, method, hparams)
     methods.build(method, len(bench.task_names), **hp)
     rows = ablation_rows(method, component_trigger, teleport_options)
-    for row in rows:  # every configuration is validated before anything trains
+    for row in rows:  # every configuration is validated (COST's options by RunConfig) before anything trains
         if row.options is not None:
-            validate("cost", row.options)
             RunConfig.for_benchmark(bench.train_defaults, method=method, hparams=hp, teleport="cost",
                                     teleport_options=dict(row.options), **train_options)
     out = Path(out_dir)
