@@ -27,6 +27,8 @@ from mtlflow.benchmarks._molgraphs import categorical_graph_from_smiles, categor
 from mtlflow.benchmarks.base import ConfigField
 from mtlflow.core.errors import DataError
 from mtlflow.core.hashing import file_sha256
+from mtlflow.metrics.task import TaskSpec
+from mtlflow.metrics.task_types import TaskType
 from mtlflow.models.base import MultiTaskModel
 
 
@@ -58,9 +60,11 @@ class MoleculeNetBenchmark(GraphBenchmark):
     """Graph benchmark over one realdata CSV with a ``smiles`` column and one column per task."""
 
     realdata_file: ClassVar[tuple[str, ...]]
+    #: one task per label column of the same name, all of one kind
+    task_type: ClassVar[TaskType]
     label_columns: ClassVar[tuple[str, ...]]
-    #: ``True``: regression, targets standardised with training statistics (loss/metrics in the subclass)
-    standardise_targets: ClassVar[bool]
+    #: overrides of the task type's defaults (``metrics``, ``primary``, ``hv_reference``)
+    task_options: ClassVar[dict[str, Any]] = {}
 
     config_fields = {
         "n_molecules": ConfigField(None, "use this many molecules (seeded subset; default all)",
@@ -70,7 +74,17 @@ class MoleculeNetBenchmark(GraphBenchmark):
         "seed": ConfigField(0, "seed of the subset and of the random split",
                             lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
     }
+    # mtlflow's recipe: no MTL paper fixes one for these sets
+    train_defaults = {"epochs": 100, "batch_size": 128, "lr": 1e-3, "optimizer": "adam"}
     cpu_smoke = {"data_options": {"n_molecules": 600}, "train_options": {"epochs": 2, "batch_size": 64}}
+
+    @property
+    def tasks(self) -> list[TaskSpec]:
+        return [self.task_type.task(name, **self.task_options) for name in self.label_columns]
+
+    @property
+    def standardise_targets(self) -> bool:
+        return self.task_type.standardised
 
     def _fix(self) -> str:
         return f"re-run `mtlflow prepare --benchmark {self.name}`"

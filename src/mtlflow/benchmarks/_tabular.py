@@ -31,6 +31,8 @@ from mtlflow.benchmarks._graphs import (
 from mtlflow.benchmarks._molnet import verify_realdata_file
 from mtlflow.benchmarks.base import Benchmark, ConfigField, MultiTaskTensorDataset, load_tensor_file
 from mtlflow.core.errors import DataError
+from mtlflow.metrics.task import TaskSpec
+from mtlflow.metrics.task_types import TaskType
 from mtlflow.models.base import MultiTaskModel
 
 
@@ -76,7 +78,11 @@ class TabularBenchmark(Benchmark):
     """A realdata ARFF table: subclasses pick the file and the target columns."""
 
     realdata_file: ClassVar[tuple[str, ...]]
-    regression: ClassVar[bool]
+    #: the target columns by ARFF attribute name, each one task of ``task_type``
+    label_names: ClassVar[tuple[str, ...]]
+    task_type: ClassVar[TaskType]
+    #: overrides of the task type's defaults (``metrics``, ``primary``, ``hv_reference``)
+    task_options: ClassVar[dict[str, Any]] = {}
     #: number of feature columns (the model's input size, known before any data is read)
     n_features: ClassVar[int]
 
@@ -92,9 +98,17 @@ class TabularBenchmark(Benchmark):
     train_defaults = {"epochs": 100, "batch_size": 128, "lr": 1e-3, "optimizer": "adam"}
     cpu_smoke = {"data_options": {}, "train_options": {"epochs": 2, "batch_size": 256}}
 
+    @property
+    def tasks(self) -> list[TaskSpec]:
+        return [self.task_type.task(name, **self.task_options) for name in self.label_names]
+
     def target_columns(self, names: Sequence[str]) -> list[int]:
-        """Positions of the target columns among the ARFF attributes ``names``."""
-        raise NotImplementedError
+        """Positions of the target columns (``label_names``) among the ARFF attributes ``names``."""
+        missing = [n for n in self.label_names if n not in names]
+        if missing:
+            raise DataError(f"{self.realdata_file[-1]} lacks target column(s) {missing}; restore the shared realdata "
+                            "folder")
+        return [list(names).index(n) for n in self.label_names]
 
     def _fix(self) -> str:
         return f"re-run `mtlflow prepare --benchmark {self.name}`"
@@ -141,7 +155,7 @@ class TabularBenchmark(Benchmark):
         rows = {name: torch.tensor(ids, dtype=torch.int64) for name, ids in split.items()}
         x, _, _ = standardise(blob["x"], rows["train"])
         x = torch.nan_to_num(x, nan=0.0)
-        if self.regression:
+        if self.task_type.standardised:
             targets = standardised_targets(blob["y"], rows["train"])
         else:
             targets = blob["y"].float()

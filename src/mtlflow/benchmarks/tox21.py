@@ -11,8 +11,8 @@ defaults (Adam 1e-3, batch 128, 50 epochs) are mtlflow's.
 from __future__ import annotations
 
 from mtlflow.benchmarks._molnet import MoleculeNetBenchmark
-from mtlflow.metrics.classification import BinaryAccuracy, RocAuc, masked_binary_cross_entropy
-from mtlflow.metrics.task import TaskSpec
+from mtlflow.metrics.classification import BinaryAccuracy, RocAuc
+from mtlflow.metrics.task_types import BINARY
 
 ASSAYS = ("NR-AR", "NR-AR-LBD", "NR-AhR", "NR-Aromatase", "NR-ER", "NR-ER-LBD", "NR-PPAR-gamma", "SR-ARE",
           "SR-ATAD5", "SR-HSE", "SR-MMP", "SR-p53")
@@ -21,12 +21,7 @@ ASSAYS = ("NR-AR", "NR-AR-LBD", "NR-AhR", "NR-Aromatase", "NR-ER", "NR-ER-LBD", 
 class Tox21(MoleculeNetBenchmark):
     name = "tox21"
     description = "Tox21 (7,831 molecules, 12 assays, 17% labels missing): masked BCE, ROC-AUC; 2-D graph MPNN"
+    task_options = {"metrics": (RocAuc, BinaryAccuracy)}
     realdata_file = ("chem", "tox21.csv")
-    label_columns = ASSAYS
-    standardise_targets = False
-    train_defaults = {"epochs": 50, "batch_size": 128, "lr": 1e-3, "optimizer": "adam"}
-
-    @property
-    def tasks(self) -> list[TaskSpec]:
-        return [TaskSpec(name, masked_binary_cross_entropy, (RocAuc, BinaryAccuracy), primary="roc_auc",
-                         hv_reference=1.0) for name in ASSAYS]
+    task_type, label_columns = BINARY, ASSAYS
+    train_defaults = {**MoleculeNetBenchmark.train_defaults, "epochs": 50}

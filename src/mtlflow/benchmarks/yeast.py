@@ -16,8 +16,8 @@ from typing import Sequence
 
 from mtlflow.benchmarks._tabular import TabularBenchmark
 from mtlflow.core.errors import DataError
-from mtlflow.metrics.classification import BinaryAccuracy, BinaryF1, RocAuc, masked_binary_cross_entropy
-from mtlflow.metrics.task import TaskSpec
+from mtlflow.metrics.classification import BinaryAccuracy, BinaryF1, RocAuc
+from mtlflow.metrics.task_types import BINARY
 
 #: Label names in the order of ``yeast.xml`` (Mulan's label file).
 LABELS = ("Class1", "Class2", "Class3", "Class6", "Class4", "Class10", "Class11", "Class5", "Class7", "Class8",
@@ -38,21 +38,13 @@ def read_label_names(xml_path: Path) -> list[str]:
 class Yeast(TabularBenchmark):
     name = "yeast"
     description = "yeast multi-label classification (2,417 genes, 103 features, 14 labels): BCE, F1/ROC-AUC; MLP"
+    task_options = {"metrics": (BinaryF1, RocAuc, BinaryAccuracy), "primary": "f1"}
     realdata_file = ("mlc", "yeast.orig.arff.gz")
-    regression = False
-    n_features = 103
-
-    @property
-    def tasks(self) -> list[TaskSpec]:
-        return [TaskSpec(name, masked_binary_cross_entropy, (BinaryF1, RocAuc, BinaryAccuracy), primary="f1",
-                         hv_reference=1.0) for name in LABELS]
+    task_type, label_names, n_features = BINARY, LABELS, 103
 
     def target_columns(self, names: Sequence[str]) -> list[int]:
         xml_path = self._source().with_name("yeast.xml.gz")
         labels = read_label_names(xml_path)
         if tuple(labels) != LABELS:
             raise DataError(f"{xml_path} names labels {labels}, expected {list(LABELS)}; restore the realdata folder")
-        missing = [n for n in labels if n not in names]
-        if missing:
-            raise DataError(f"yeast ARFF lacks label column(s) {missing}; restore the shared realdata folder")
-        return [list(names).index(n) for n in labels]
+        return super().target_columns(names)

@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from mtlflow.metrics.task import StreamingMean
+from mtlflow.metrics.task import Metric, StreamingMean
 
 
 def _split(pred: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -62,6 +62,36 @@ class RMSE(_OriginalUnitError):
 
     def compute(self) -> float:
         return math.sqrt(super().compute())
+
+
+class RSquared(Metric):
+    """Coefficient of determination 1 - SSE / SST over the split's present targets.
+
+    The same in standard and original units (a target's scale is one number per task, the mean
+    cancels), so it is pooled in standard units from running sums. NaN with fewer than two targets
+    or a constant target.
+    """
+
+    name = "r2"
+    higher_is_better = True
+
+    def reset(self) -> None:
+        self.count = 0
+        self.sum = self.sum_squares = self.squared_error = 0.0
+
+    def update(self, pred: Tensor, target: Tensor) -> None:
+        p, y, _, _ = _split(pred, target)
+        y = y.double()
+        self.count += int(y.numel())
+        self.sum += float(y.sum())
+        self.sum_squares += float(y.pow(2).sum())
+        self.squared_error += float((p.double() - y).pow(2).sum())
+
+    def compute(self) -> float:
+        if self.count < 2:
+            return float("nan")
+        total = self.sum_squares - self.sum**2 / self.count
+        return 1.0 - self.squared_error / total if total > 0 else float("nan")
 
 
 def with_scale(standardised: Tensor, scale: Tensor) -> Tensor:
