@@ -13,6 +13,8 @@ and the toy runner's -- goes through the same sequence:
 
 Methods reach these rules through :class:`~mtlflow.core.callbacks.TrainerView` (``update_scale``,
 ``optimizer_step``), which the trainer implements with this module; they never import the engine.
+Library mode (:mod:`mtlflow.engine.library`, the user's own loop and optimizer) applies the same scale,
+finite-update check, amortisation rule (:func:`reuses_weights`) and clipping.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import TYPE_CHECKING, Iterable
 
 import torch
 from torch import Tensor
+
+from mtlflow.core.errors import NonFiniteLossError
 
 if TYPE_CHECKING:
     from mtlflow.core.callbacks import StepState, TrainerView
@@ -31,6 +35,20 @@ def update_scale(natural_scale: str, n_tasks: int, rescale: bool = True) -> floa
     """The factor of a method's update: K for "mean" methods (a convex combination) when ``rescale``
     is on, so that every method's step is on the scale of linear scalarisation Σ_i L_i; else 1."""
     return float(n_tasks) if rescale and natural_scale == "mean" else 1.0
+
+
+def reuses_weights(update_weights_every: int, step: int, has_weights: bool) -> bool:
+    """An amortised step of a Gramian-weighting method: its ``update_weights_every`` N > 1, weights were
+    solved before and ``step`` is not a multiple of N; the step reuses the weights and computes no
+    per-task gradient."""
+    return update_weights_every > 1 and has_weights and step % update_weights_every != 0
+
+
+def check_finite_update(method_name: str, update: Tensor, step: int) -> None:
+    """Stop with a one-line error when a method's update holds NaN or Inf (the run diverged)."""
+    if not torch.isfinite(update).all():
+        raise NonFiniteLossError(f"{method_name} produced a non-finite update at step {step}; check the losses "
+                                 "or lower --lr")
 
 
 def clip_gradients(parameters: Iterable[Tensor], shared: Iterable[Tensor], clip_grad_norm: float | None,

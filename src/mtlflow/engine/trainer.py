@@ -338,8 +338,7 @@ class Trainer:
 
     def _reuses_weights(self) -> bool:
         """An amortised step: the method's ``update_weights_every`` N > 1 and this step is not a multiple of N."""
-        return (self.update_weights_every > 1 and self.reused_weights is not None
-                and self.global_step % self.update_weights_every != 0)
+        return step_rules.reuses_weights(self.update_weights_every, self.global_step, self.reused_weights is not None)
 
     def _per_task_gradients(self, batch: Any, epoch: int) -> "_StepWork":
         """Forward pass and exactly the per-task gradient information this step's mode needs."""
@@ -402,9 +401,7 @@ class Trainer:
         else:
             direction = method.combine(work.representation, losses)
         solver_seconds = time.perf_counter() - started
-        if not torch.isfinite(direction).all():
-            raise NonFiniteLossError(f"{method.name} produced a non-finite update at step "
-                                     f"{self.global_step}; check the losses or lower --lr")
+        step_rules.check_finite_update(method.name, direction, self.global_step)
         if scale != 1.0:
             direction = direction * scale
         if work.mode == "jacobian":

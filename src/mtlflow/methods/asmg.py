@@ -71,6 +71,8 @@ class ASMGMethod(Method):
     equations = ("Alg. 3: p̂, ĥ (Eqs. 4.12-4.13), λ QP (Eq. 4.10-4.11), momentum (Eq. 4.17), ĝ, Ĝ (Eqs. 4.15-4.16), "
                  "update Eq. 4.14 or App. A.2.5 (A.152-A.153)")
     custom_step = True
+    needs_trainer = ("a black-box method: every step re-evaluates the losses at N sampled parameter vectors, "
+                     "so it runs the model on the batch itself")
     weighting = "adaptive"
     hparams = {
         "beta": HParam(0.5, "step size β (thesis: 0.5 black-box MTL, 0.1 synthetic)", positive),

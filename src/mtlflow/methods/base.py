@@ -93,6 +93,9 @@ class Method:
     #: True for methods that own the whole training step (bilevel, Pareto-front learning):
     #: the trainer then calls :meth:`training_step` instead of its standard step.
     custom_step: ClassVar[bool] = False
+    #: Why the method cannot run in library mode (:mod:`mtlflow.engine.library`: the user's own training
+    #: loop hands over the losses, nothing else), or None when the losses and the gradients suffice.
+    needs_trainer: ClassVar[str | None] = None
     #: True for methods that draw random numbers (RLW's weights, PCGrad's visiting orders, ...): they get
     #: ``self.rng``, a generator of their own, seeded by :func:`mtlflow.methods.build` from (run seed, method
     #: name) and checkpointed,

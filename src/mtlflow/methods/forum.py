@@ -130,6 +130,7 @@ class FORUM(Method):
     equations = ("Alg. 2: q̃ = f(z) − f(α, ω̃^T) (Eq. 3.15-3.16), QP Eq. 3.29, momentum Eq. 3.30, "
                  "ν Eq. 3.27 (proof's form), d Eq. 3.26, z ← z + μd (Eq. 3.17)")
     custom_step = True
+    needs_trainer = "a bilevel method: every step runs inner SGD steps on the batch and reads validation losses"
     hparams = {
         **common_hparams(inner_steps=5, inner_lr=0.1),
         "rho": HParam(0.1, "ρ of the dynamic barrier ϕ_k = (ρ/2)‖∇q̃‖² (thesis: 0.1 MTL, 0.5 hyper-cleaning)",

@@ -171,6 +171,8 @@ class LDCMTL(LossWeighting):
     name = "ldcmtl"
     family = "bilevel"
     cost = "O(1)"
+    needs_trainer = ("a bilevel method: its router reads the model and the run's configuration, and its double "
+                     "loop re-runs the batch through the model")
     paper = ("LDC-MTL: Balancing Multi-Task Learning through Scalable Loss Discrepancy Control "
              "(anonymous, under review; OptMN-Lab/LDC-MTL)")
     equations = ("Eq. 1 f = Σ|τ_i l̃_i − τ_{i+1} l̃_{i+1}|, g = Σ σ_i(W) l̃_i; Eq. 2 penalty; Alg. 1 one step on "

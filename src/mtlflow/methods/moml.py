@@ -72,6 +72,7 @@ class MOML(Method):
     equations = ("Alg. 1: T unrolled LL SGD steps, ∇_α F_i(ω_T(α)) (approximating Eq. 3.7), "
                  "d = MGDA(Eq. 2.3), α ← Π_Δ(α − ν d); MTL instance Eq. 3.2")
     custom_step = True
+    needs_trainer = "a bilevel method: every step unrolls inner SGD steps on the batch and reads validation losses"
     hparams = {
         **common_hparams(inner_steps=1, inner_lr=0.1),
         "upper_solver": HParam("mgda", "MOO solver on the hypergradients: a registered gradient method (mgda = "

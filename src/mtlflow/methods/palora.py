@@ -79,6 +79,7 @@ class PaLoRA(Method):
     equations = ("Eq. 2 (W + (α/r) Σ_t λ_t A_t B_t), Eq. 3 (annealed rays g_{τ,Q}), Algorithm 1 (Σ_m λ_mᵀ L_m "
                  "per batch), Sec. 6.1/App. D schedules, App. B.3 Pareto expansion")
     custom_step = True
+    needs_trainer = "Pareto-front learning: it injects adapters into the model and trains over preference rays"
     hparams = {
         "rank": HParam(1, "rank r of every task's adapter (paper: 1 on MultiMNIST, 4 on scene understanding)",
                        _positive_int, "an integer >= 1", kind=int),
