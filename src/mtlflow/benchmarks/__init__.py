@@ -1,5 +1,8 @@
 """Benchmark registry: ``available()`` lists the names, ``get(name)`` returns the class.
 
+Besides the built-in benchmarks, a name may be a plug-in's entry point (group ``mtlflow.benchmarks``) or an
+import path ``my_pkg.tasks:Churn`` (see :mod:`mtlflow.core.registry` and docs/guides/plugins.md).
+
 >>> from mtlflow import benchmarks
 >>> bench = benchmarks.build("multimnist", n_train=2000)
 >>> bench.task_names
@@ -11,31 +14,39 @@ from __future__ import annotations
 from typing import Any
 
 from mtlflow.benchmarks.base import Benchmark, BenchmarkData
-from mtlflow.core.registry import discover, lookup
+from mtlflow.core.registry import Registry, discover, subclass_of
 from mtlflow.metrics.task import TaskSpec
 from mtlflow.models.base import MultiTaskModel
 
-_REGISTRY: dict[str, type[Benchmark]] | None = None
+
+def _builtins() -> dict[str, type[Benchmark]]:
+    """Every benchmark module in this package (one file per benchmark)."""
+    import mtlflow.benchmarks as package
+
+    return discover(package, Benchmark, skip=("base",))
 
 
-def _registry() -> dict[str, type[Benchmark]]:
-    """Every benchmark module in this package, discovered once (one file per benchmark)."""
-    global _REGISTRY
-    if _REGISTRY is None:
-        import mtlflow.benchmarks as package
+#: what a plug-in benchmark must write (docs/guides/plugins.md)
+PLUGIN_MUST_DEFINE = ("description", "tasks", "write_data", "read_splits", "make_model")
+REGISTRY: Registry[type[Benchmark]] = Registry("benchmark", "mtlflow.benchmarks", _builtins,
+                                               subclass_of(Benchmark, "benchmark", PLUGIN_MUST_DEFINE))
 
-        _REGISTRY = discover(package, Benchmark, skip=("base",))
-    return _REGISTRY
-
-__all__ = ["Benchmark", "BenchmarkData", "MultiTaskModel", "TaskSpec", "available", "get", "build"]
+__all__ = ["Benchmark", "BenchmarkData", "MultiTaskModel", "TaskSpec", "available", "get", "build", "origin"]
 
 
 def available() -> list[str]:
-    return sorted(_registry())
+    """The built-in and installed plug-in benchmarks, sorted."""
+    return REGISTRY.names()
 
 
 def get(name: str) -> type[Benchmark]:
-    return lookup(_registry(), "benchmark", name)
+    """The benchmark class of a name: built-in, entry point or import path ``module:Class``."""
+    return REGISTRY.get(name)
+
+
+def origin(name: str) -> str:
+    """Where benchmark ``name`` comes from: "mtlflow" for a built-in, else the plug-in's distribution."""
+    return REGISTRY.origin(name)
 
 
 def build(name: str, **config: Any) -> Benchmark:

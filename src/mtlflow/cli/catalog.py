@@ -1,4 +1,7 @@
-"""`mtlflow methods | architectures | benchmarks | config`: what the registries and the run configuration hold."""
+"""`mtlflow methods | architectures | benchmarks | config`: what the registries and the run configuration hold.
+
+The listings include the installed plug-ins; "from" says which distribution each entry comes from ("mtlflow"
+for the built-ins)."""
 
 from __future__ import annotations
 
@@ -13,13 +16,15 @@ def cmd_methods(args: argparse.Namespace) -> int:
     # what the gradient engine computes for each method (Method.requires)
     needs = {r.name: methods.get(r.name).requires.value for r in rows}
     if args.json:
-        print(json.dumps([{**r.__dict__, "requires": needs[r.name]} for r in rows], indent=2, default=str))
+        print(json.dumps([{**r.__dict__, "requires": needs[r.name], "from": methods.origin(r.name)} for r in rows],
+                         indent=2, default=str))
         return 0
     for r in rows:
         hp = ", ".join(f"{k}={v[0]!r}" for k, v in r.hparams.items()) or "-"
         print(f"{r.name:<12} {r.family:<22} {r.cost:<5} {r.paper}")
         print(f"{'':<12} equations: {r.equations}")
         print(f"{'':<12} needs: {needs[r.name]}; hyper-parameters: {hp}")
+        print(f"{'':<12} from: {methods.origin(r.name)}")
     return 0
 
 
@@ -32,6 +37,7 @@ def cmd_architectures(args: argparse.Namespace) -> int:
         return 0
     for row in rows:
         print(f"{row['name']:<12} {row['description']}")
+        print(f"{'':<12} from: {row['from']}")
         for key, spec in row["options"].items():
             print(f"{'':<12} {key}={spec['default']!r}: {spec['help']}")
     return 0
@@ -45,6 +51,7 @@ def cmd_benchmarks(args: argparse.Namespace) -> int:
         bench = cls()
         print(f"{name:<12} tasks: {', '.join(bench.task_names)}")
         print(f"{'':<12} {cls.description}")
+        print(f"{'':<12} from: {benchmarks.origin(name)}")
         opts = ", ".join(f"{k}={f.default!r}" for k, f in cls.config_fields.items())
         print(f"{'':<12} options: {opts or '-'}")
         if cls.train_defaults:

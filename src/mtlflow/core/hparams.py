@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from mtlflow.core.errors import InvalidParameterError
 
@@ -78,3 +78,18 @@ class HParam(ConfigField):
                 f"{method}: hyper-parameter {name}={value!r} is invalid; it must be {self.requirement}")
         return value
 
+
+
+def resolve_architecture_options(owner: str, specs: Mapping[str, HParam],
+                                 options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The options of ``owner`` (an architecture) with their defaults, each coerced and checked by its
+    :class:`HParam`; an unknown or invalid option is a one-line error naming it."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(specs))
+    if unknown:
+        raise InvalidParameterError(f"{owner}: unknown architecture option(s) {', '.join(unknown)}; valid: "
+                                    f"{', '.join(sorted(specs)) or 'none'}")
+    try:
+        return {key: spec.coerce(owner, key, options.get(key, spec.default)) for key, spec in specs.items()}
+    except InvalidParameterError as exc:  # HParam words it for methods
+        raise InvalidParameterError(str(exc).replace("hyper-parameter", "architecture option", 1)) from None

@@ -7,7 +7,8 @@ True
 
 Every method is one file citing its paper and equations; see :mod:`mtlflow.methods.base` for the
 API (``combine(grads, losses)`` for gradient methods, ``weights(losses)`` for loss weighting, and
-the trainer hooks).
+the trainer hooks). Besides the built-ins, a name may be a plug-in's entry point (group
+``mtlflow.methods``) or an import path ``my_pkg:MyMethod`` (docs/guides/plugins.md).
 """
 
 from __future__ import annotations
@@ -16,23 +17,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from mtlflow.core.hparams import HParam
-from mtlflow.core.registry import discover, lookup
+from mtlflow.core.registry import Registry, discover, subclass_of
 from mtlflow.methods.base import GradientMethod, GradInput, GramianWeighting, LossWeighting, Method, StepContext
 
 __all__ = ["Method", "LossWeighting", "GradientMethod", "GramianWeighting", "GradInput", "HParam",
-           "StepContext", "MethodInfo", "available", "get", "build", "info"]
-
-_REGISTRY: dict[str, type[Method]] | None = None
+           "StepContext", "MethodInfo", "available", "get", "build", "info", "origin"]
 
 
-def _registry() -> dict[str, type[Method]]:
-    """Every method module in this package, discovered once (one file per method, no central list)."""
-    global _REGISTRY
-    if _REGISTRY is None:
-        import mtlflow.methods as package
+def _builtins() -> dict[str, type[Method]]:
+    """Every method module in this package (one file per method, no central list)."""
+    import mtlflow.methods as package
 
-        _REGISTRY = discover(package, Method, skip=("base", "solvers"))
-    return _REGISTRY
+    return discover(package, Method, skip=("base", "solvers"))
+
+
+REGISTRY: Registry[type[Method]] = Registry("method", "mtlflow.methods", _builtins,
+                                            subclass_of(Method, "method", ("family", "cost", "paper")))
 
 
 @dataclass(frozen=True)
@@ -46,12 +46,18 @@ class MethodInfo:
 
 
 def available() -> list[str]:
-    """Names of all registered methods, sorted."""
-    return sorted(_registry())
+    """Names of the built-in and installed plug-in methods, sorted."""
+    return REGISTRY.names()
 
 
 def get(name: str) -> type[Method]:
-    return lookup(_registry(), "method", name)
+    """The method class of a name: built-in, entry point or import path ``module:Class``."""
+    return REGISTRY.get(name)
+
+
+def origin(name: str) -> str:
+    """Where method ``name`` comes from: "mtlflow" for a built-in, else the plug-in's distribution."""
+    return REGISTRY.origin(name)
 
 
 def build(name: str, n_tasks: int, seed: int = 0, /, **hparams: Any) -> Method:

@@ -54,7 +54,7 @@ import torch
 from torch import Tensor, nn
 
 from mtlflow.core.errors import InvalidParameterError
-from mtlflow.core.hparams import HParam, one_of, positive
+from mtlflow.core.hparams import HParam, one_of, positive, resolve_architecture_options
 from mtlflow.models.base import MultiTaskModel
 
 SOLVERS = ("euler", "midpoint", "rk4")
@@ -96,15 +96,7 @@ OPTIONS: dict[str, HParam] = {
 
 def resolve_options(options: dict[str, Any] | None) -> dict[str, Any]:
     """NORMAL's options with defaults, each validated (one-line error naming the option)."""
-    options = dict(options or {})
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise InvalidParameterError(f"normal: unknown architecture option(s) {', '.join(unknown)}; valid: "
-                                    f"{', '.join(sorted(OPTIONS))}")
-    try:
-        resolved = {key: spec.coerce("normal", key, options.get(key, spec.default)) for key, spec in OPTIONS.items()}
-    except InvalidParameterError as exc:  # HParam words it for methods
-        raise InvalidParameterError(str(exc).replace("hyper-parameter", "architecture option", 1)) from None
+    resolved = resolve_architecture_options("normal", OPTIONS, options)
     if resolved["position_param"] == "exp" and any(p <= 0 for p in _as_list(resolved["initial_positions"])):
         raise InvalidParameterError("normal: position_param=exp needs initial_positions > 0 (p = e^v)")
     return resolved
