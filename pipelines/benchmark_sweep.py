@@ -40,10 +40,12 @@ def status_handler(pipeline: str, layout: StorageLayout, pushgateway="") -> dsl.
     return cluster.mount(cluster.uncached(cluster.light(task)), layout, "mtlflow-checkpoints")
 
 
-def versioned_data(layout: StorageLayout, benchmark, data_options, data_version, dvc_remote) -> dsl.PipelineTask:
+def versioned_data(layout: StorageLayout, benchmark, data_options, spec, spec_rev, data_version,
+                   dvc_remote) -> dsl.PipelineTask:
     """prepare_data with the DVC remote (Secret on the cluster, the data volume's directory by default)."""
-    task = prepare_data(benchmark=benchmark, data_options=data_options, data_version=data_version,
-                        dvc_remote=dvc_remote, default_remote=layout.dvc_remote, dvc_cache=layout.dvc_cache)
+    task = prepare_data(benchmark=benchmark, data_options=data_options, spec=spec, spec_rev=spec_rev,
+                        data_version=data_version, dvc_remote=dvc_remote, default_remote=layout.dvc_remote,
+                        dvc_cache=layout.dvc_cache)
     task.set_display_name("prepare and version data")
     return cluster.data_access(task, layout)
 
@@ -71,6 +73,8 @@ def build_benchmark_sweep(parallelism: int = PARALLELISM, storage_root: str = CL
     def benchmark_sweep(
         benchmark: str = DEFAULTS["benchmark"],
         data_options: dict = DEFAULTS["data_options"],
+        spec: str = DEFAULTS["spec"],
+        spec_rev: str = DEFAULTS["spec_rev"],
         data_version: str = DEFAULTS["data_version"],
         dvc_remote: str = DEFAULTS["dvc_remote"],
         methods: List[str] = DEFAULTS["methods"],
@@ -82,7 +86,7 @@ def build_benchmark_sweep(parallelism: int = PARALLELISM, storage_root: str = CL
         pushgateway: str = DEFAULTS["pushgateway"],
     ):
         with dsl.ExitHandler(status_handler("benchmark_sweep", layout, pushgateway), name="sweep"):
-            prep = versioned_data(layout, benchmark, data_options, data_version, dvc_remote)
+            prep = versioned_data(layout, benchmark, data_options, spec, spec_rev, data_version, dvc_remote)
             data = prep.outputs["data"]
             runs = cluster.light(plan_runs(methods=methods, seeds=seeds, method_hparams=method_hparams))
             refs = cluster.light(plan_references(tasks=prep.outputs["Output"], seeds=reference_seeds))

@@ -36,6 +36,8 @@ def build_distributed_train(parallelism: int = PARALLELISM, storage_root: str = 
     def distributed_train(
         benchmark: str = DEFAULTS["benchmark"],
         data_options: dict = DEFAULTS["data_options"],
+        spec: str = DEFAULTS["spec"],
+        spec_rev: str = DEFAULTS["spec_rev"],
         data_version: str = DEFAULTS["data_version"],
         dvc_remote: str = DEFAULTS["dvc_remote"],
         method: str = DEFAULTS["method"],
@@ -49,7 +51,7 @@ def build_distributed_train(parallelism: int = PARALLELISM, storage_root: str = 
         pushgateway: str = DEFAULTS["pushgateway"],
     ):
         with dsl.ExitHandler(status_handler("distributed_train", layout, pushgateway), name="distributed-train"):
-            prep = versioned_data(layout, benchmark, data_options, data_version, dvc_remote)
+            prep = versioned_data(layout, benchmark, data_options, spec, spec_rev, data_version, dvc_remote)
             spec = cluster.light(plan_run(method=method, seed=seed, hparams=hparams))
             job = launch_trainjob(data=prep.outputs["data"], run_spec=spec.output, epochs=epochs,
                                   train_options=train_options, storage_root=layout.root, kind=job_kind,

@@ -33,6 +33,8 @@ def build_retrain(parallelism: int = PARALLELISM, storage_root: str = CLUSTER_RO
     def retrain(
         benchmark: str = DEFAULTS["benchmark"],
         data_options: dict = DEFAULTS["data_options"],
+        spec: str = DEFAULTS["spec"],
+        spec_rev: str = DEFAULTS["spec_rev"],
         data_version: str = DEFAULTS["data_version"],
         dvc_remote: str = DEFAULTS["dvc_remote"],
         method: str = DEFAULTS["method"],
@@ -44,7 +46,7 @@ def build_retrain(parallelism: int = PARALLELISM, storage_root: str = CLUSTER_RO
         pushgateway: str = DEFAULTS["pushgateway"],
     ):
         with dsl.ExitHandler(status_handler("retrain", layout, pushgateway), name="retrain"):
-            prep = versioned_data(layout, benchmark, data_options, data_version, dvc_remote)
+            prep = versioned_data(layout, benchmark, data_options, spec, spec_rev, data_version, dvc_remote)
             spec = cluster.light(plan_run(method=method, seed=seed, hparams=hparams))
             trained = training(layout, prep.outputs["data"], spec.output, epochs, train_options, pushgateway,
                                "retrain")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
+import re
 import shutil
 import sys
 import time
@@ -21,8 +22,9 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, TextIO
 
+from mtlflow.config.pipeline import pipeline_config
 from mtlflow.core import atomic
-from mtlflow.core.errors import InvalidParameterError, UnknownNameError
+from mtlflow.core.errors import InvalidParameterError, MtlflowError, UnknownNameError
 
 ALIASES = {"main": "benchmark_sweep"}
 #: pipelines that kfp.local can run (distributed_train creates Kubernetes objects)
@@ -75,9 +77,23 @@ def load_params(path: str | None, overrides: Mapping[str, Any]) -> dict[str, Any
 def validate_params(pipeline: str, params: Mapping[str, Any]) -> None:
     """Check names and values of pipeline parameters before anything is compiled, submitted or run
     (:func:`mtlflow.config.pipeline.pipeline_config`)."""
-    from mtlflow.config.pipeline import pipeline_config
-
     pipeline_config(canonical_name(pipeline), params)
+
+
+class PipelineFailed(MtlflowError):
+    """A task of a local pipeline run failed (its error is in the run's log)."""
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_TASK_ERROR = re.compile(r"mtlflow\.core\.errors\.\w+: (.+)$")
+
+
+def failure_reason(message: str, log_path: Path) -> str:
+    """The failed task's own one-line error from the run's log, else kfp.local's summary of the failure."""
+    lines = log_path.read_text(errors="replace").splitlines() if log_path.is_file() else []
+    errors = [m.group(1).strip() for m in map(_TASK_ERROR.search, lines) if m]
+    summary = _ANSI.sub("", message).strip().splitlines()[0]
+    return errors[-1] if errors else summary
 
 
 def compile_pipeline(out: str | Path, pipeline: str = "benchmark_sweep") -> Path:
@@ -169,7 +185,7 @@ def run_local(params: Mapping[str, Any], workdir: str | Path = "runs/pipeline", 
     check_output_dir(workdir, "--workdir")
     if storage_root is not None:
         check_output_dir(storage_root, "--storage-root")
-    validate_params(name, params)
+    config = pipeline_config(name, params)
     # One torch thread per task and as many concurrent tasks as cores: oversubscribed intra-op
     # threads made a 4-way parallel CPU run 3-4x slower than this.
     cores = max(1, len(os.sched_getaffinity(0)))
@@ -191,6 +207,9 @@ def run_local(params: Mapping[str, Any], workdir: str | Path = "runs/pipeline", 
             with warnings.catch_warnings(), progress:
                 warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
                 pipeline_func(**params)
+        except RuntimeError as exc:  # kfp.local's "finished with status FAILURE", after the task's own output
+            raise PipelineFailed(f"pipeline {name} failed: {failure_reason(str(exc), log_path)}; the tasks' output "
+                                 f"is in {log_path}") from None
         finally:
             # kfp.local indents prints by swapping builtins.print per task; concurrent tasks restore each
             # other's swaps out of order and can leave an indenting print behind
@@ -207,7 +226,7 @@ def run_local(params: Mapping[str, Any], workdir: str | Path = "runs/pipeline", 
     if name == "benchmark_sweep":
         result = _collect_sweep(run_dir, workdir)
     else:
-        result = _collect_retrain(run_dir, workdir, layout, params, summary)
+        result = _collect_retrain(run_dir, workdir, layout, config.build_benchmark().label, summary)
     atomic.write_json(workdir / "pipeline_run.json", summary)
     print(f"pipeline {name} finished in {seconds:.1f} s")
     return result
@@ -225,16 +244,14 @@ def _collect_sweep(run_dir: Path, workdir: Path) -> Path:
     return report
 
 
-def _collect_retrain(run_dir: Path, workdir: Path, layout, params: Mapping[str, Any],
-                     summary: dict[str, Any]) -> Path:
+def _collect_retrain(run_dir: Path, workdir: Path, layout, dataset: str, summary: dict[str, Any]) -> Path:
     import json
 
     from mtlflow.ops import model_store
 
     decision = json.loads(next(run_dir.rglob("compare-to-champion/executor_output.json")).read_text())
     promoted = bool(decision["parameterValues"]["Output"])
-    benchmark = params.get("benchmark", "multimnist")
-    result = {"promoted": promoted, "champion": model_store.read_champion(layout.models, benchmark),
+    result = {"promoted": promoted, "champion": model_store.read_champion(layout.models, dataset),
               "model_store": layout.models, "status": summary["status"]}
     path = workdir / "retrain.json"
     atomic.write_json(path, result)

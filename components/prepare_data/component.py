@@ -9,9 +9,12 @@ from mtlflow.components.image import IMAGE
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def prepare_data(benchmark: str, data_options: dict, data: dsl.Output[dsl.Dataset], data_version: str = "",
-                 dvc_remote: str = "", default_remote: str = "", dvc_cache: str = "") -> List[str]:
-    """Prepare ``benchmark`` with ``data_options`` and push it to the DVC remote, or, when ``data_version``
-    (a DVC ``<md5>.dir`` hash) is given, pull that version from the remote instead. Returns the task names.
+                 dvc_remote: str = "", default_remote: str = "", dvc_cache: str = "", spec: str = "",
+                 spec_rev: str = "") -> List[str]:
+    """Prepare ``benchmark`` with ``data_options`` -- or the user's data described by the task spec ``spec``
+    (a path on the data volume or a URI; ``spec_rev``: the revision of its DVC-tracked table) -- and push it
+    to the DVC remote, or, when ``data_version`` (a DVC ``<md5>.dir`` hash) is given, pull that version from
+    the remote instead. Returns the task names.
 
     The remote is ``dvc_remote``, else ``$MTLFLOW_DVC_REMOTE`` (from the ``mtlflow-dvc-remote`` Secret on
     the cluster), else ``default_remote`` (a local directory); with none of them the data is hashed
@@ -22,6 +25,6 @@ def prepare_data(benchmark: str, data_options: dict, data: dsl.Output[dsl.Datase
     from mtlflow.jobs import pipeline_steps
 
     metadata = pipeline_steps.prepare_data(benchmark, data_options, data.path, data_version, dvc_remote,
-                                           default_remote, dvc_cache)
+                                           default_remote, dvc_cache, spec, spec_rev)
     data.metadata.update(metadata)
     return list(metadata["tasks"])

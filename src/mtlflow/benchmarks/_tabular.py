@@ -34,6 +34,7 @@ from mtlflow.core.errors import DataError
 from mtlflow.metrics.task import TaskSpec
 from mtlflow.metrics.task_types import TaskType
 from mtlflow.models.base import MultiTaskModel
+from mtlflow.models.mlp import MLPTrunk
 
 
 def _fraction(v: Any) -> bool:
@@ -60,18 +61,6 @@ def read_arff(path: Path) -> tuple[np.ndarray, list[str]]:
             column = np.array([float(v.decode()) if v not in (b"?", "?") else np.nan for v in column])
         columns.append(np.asarray(column, dtype=np.float64))
     return np.stack(columns, axis=1), names
-
-
-class MLPTrunk(nn.Module):
-    """``in_features -> hidden -> hidden`` with ReLU; the shared trunk of the tabular benchmarks."""
-
-    def __init__(self, in_features: int, hidden: int = 256):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
-        self.out_features = hidden
-
-    def forward(self, x):
-        return self.net(x)
 
 
 class TabularBenchmark(Benchmark):
@@ -163,5 +152,5 @@ class TabularBenchmark(Benchmark):
 
     def make_model(self, task_names: Sequence[str] | None = None) -> MultiTaskModel:
         names = [t.name for t in self.select_tasks(task_names)]
-        trunk = MLPTrunk(self.n_features, self.config["hidden"])
+        trunk = MLPTrunk(self.n_features, [self.config["hidden"]] * 2)
         return MultiTaskModel(trunk, [nn.Linear(trunk.out_features, 1) for _ in names], names)

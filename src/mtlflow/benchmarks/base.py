@@ -86,6 +86,9 @@ class Benchmark:
     config_fields: ClassVar[dict[str, ConfigField]] = {}
     #: Training defaults of the benchmark's recipe (epochs, batch_size, lr, ...).
     train_defaults: ClassVar[dict[str, Any]] = {}
+    #: Non-empty when the tasks come from a preparation option instead of the class (the spec benchmark):
+    #: says where, for listings. Such a benchmark cannot be built without that option.
+    tasks_from: ClassVar[str] = ""
     #: A configuration that runs on a laptop CPU in seconds to minutes (the tests use it):
     #: ``{"data_options": {preparation options}, "train_options": {training overrides}}``.
     cpu_smoke: ClassVar[dict[str, Any]] = {}
@@ -132,6 +135,11 @@ class Benchmark:
 
     # -- shared behaviour -----------------------------------------------------------------------
     @property
+    def label(self) -> str:
+        """The data set's name in reports, metrics labels and the model store (a spec's own name)."""
+        return self.name
+
+    @property
     def task_names(self) -> list[str]:
         return [t.name for t in self.tasks]
 
@@ -162,6 +170,11 @@ class Benchmark:
         return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
                           num_workers=num_workers, pin_memory=pin_memory,
                           worker_init_fn=seed_worker if num_workers else None)
+
+    def data_identity(self) -> dict[str, Any]:
+        """What decides this benchmark's prepared data (the data cache's key, DVC's source stage): the
+        configuration; a benchmark whose source can change under one configuration adds the source's hash."""
+        return dict(self.config)
 
     def published_references(self) -> PublishedReferences | None:
         """Single-task reference metrics published by the papers, for a labelled "paper STL" Δm%."""

@@ -47,6 +47,7 @@ from mtlflow.core.errors import DataError
 from mtlflow.core.hashing import file_sha256
 from mtlflow.metrics.task import Accuracy, Metric, TaskSpec
 from mtlflow.models.base import MultiTaskModel
+from mtlflow.models.mlp import MLPTrunk
 
 SPLITS = ("train", "val", "test")
 N_CLASSES = 10
@@ -87,18 +88,6 @@ class MacroF1(Metric):
         denom = (2 * self.tp + self.fp + self.fn).clamp_min(1)
         f1 = (2 * self.tp).double() / denom.double()
         return float(f1[present].mean()) if bool(present.any()) else 0.0
-
-
-class MLPTrunk(nn.Module):
-    """The thesis' shared module: Linear(784, 512)-ReLU-Linear(512, 256)-ReLU."""
-
-    def __init__(self, hidden: int = 512, features: int = 256):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(PIXELS, hidden), nn.ReLU(), nn.Linear(hidden, features), nn.ReLU())
-        self.out_features = features
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)
 
 
 def corrupt_labels(labels: np.ndarray, rate: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -243,7 +232,7 @@ class HyperCleaning(Benchmark):
         from mtlflow.models.multi_input import MultiInputModel
 
         names = [t.name for t in self.select_tasks(task_names)]
-        trunk = MLPTrunk()
+        trunk = MLPTrunk(PIXELS, (512, 256))  # the thesis' shared module
         heads = [nn.Linear(trunk.out_features, N_CLASSES) for _ in names]
         return MultiInputModel(trunk, heads, names, [self.task_names.index(n) for n in names])
 

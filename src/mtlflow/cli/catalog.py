@@ -48,8 +48,7 @@ def cmd_benchmarks(args: argparse.Namespace) -> int:
 
     for name in benchmarks.available():
         cls = benchmarks.get(name)
-        bench = cls()
-        print(f"{name:<12} tasks: {', '.join(bench.task_names)}")
+        print(f"{name:<12} tasks: {cls.tasks_from or ', '.join(cls().task_names)}")
         print(f"{'':<12} {cls.description}")
         print(f"{'':<12} from: {benchmarks.origin(name)}")
         opts = ", ".join(f"{k}={f.default!r}" for k, f in cls.config_fields.items())

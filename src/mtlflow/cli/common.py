@@ -91,7 +91,14 @@ def method_hparams(args: argparse.Namespace, methods: Sequence[str]) -> dict[str
 
 
 def bench_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The preparation options of the command line (``DataConfig.data_options``); ``--spec FILE`` is the
+    ``spec`` option of the spec benchmark."""
     config = parse_assignments(args.data_option, "--data-option")
+    if getattr(args, "spec", None):
+        if args.benchmark != "spec":
+            raise InvalidParameterError(f"--spec describes the data, so --benchmark {args.benchmark} does not apply; "
+                                        "give only one of them")
+        config["spec"] = args.spec
     if getattr(args, "mnist_dir", None):
         config["mnist_dir"] = args.mnist_dir
     if getattr(args, "data_dir", None):
@@ -102,7 +109,7 @@ def bench_config(args: argparse.Namespace) -> dict[str, Any]:
 def check_data_source(args: argparse.Namespace) -> None:
     """``--data DIR`` or ``--benchmark NAME`` (+ preparation options), never a silent mix of both."""
     if args.data is None and args.benchmark is None:
-        raise InvalidParameterError("give --benchmark NAME (data prepared into the cache) or --data DIR")
+        raise InvalidParameterError("give --benchmark NAME or --spec FILE (data prepared into the cache) or --data DIR")
     if args.data is None:
         return
     if not args.data.strip():
@@ -114,9 +121,9 @@ def check_data_source(args: argparse.Namespace) -> None:
         raise InvalidParameterError(f"--benchmark {args.benchmark} disagrees with --data {args.data}, which holds "
                                     f"{prepared.get('benchmark')!r} data; give only one of them")
     given = [flag for flag, value in (("--data-option", args.data_option), ("--mnist-dir", args.mnist_dir),
-                                      ("--data-dir", args.data_dir)) if value]
+                                      ("--data-dir", args.data_dir), ("--spec", args.spec)) if value]
     if given:
-        raise InvalidParameterError(f"{', '.join(given)} only apply when data is prepared (--benchmark); "
+        raise InvalidParameterError(f"{', '.join(given)} only apply when data is prepared (--benchmark, --spec); "
                                     f"--data {args.data} is already prepared, so drop {' and '.join(given)}")
 
 
@@ -145,9 +152,21 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"mtlflow: error: {self.prog}: {message}; see `{self.prog} --help`\n")
 
 
+class SpecFileAction(argparse.Action):
+    """``--spec FILE`` also selects the spec benchmark (a different ``--benchmark`` is refused later)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        if getattr(namespace, "benchmark", None) is None:
+            namespace.benchmark = "spec"
+
+
 def add_data_options(q: argparse.ArgumentParser) -> None:
     """The flags that prepare a benchmark's data: --mnist-dir, --data-dir, --data-option KEY=VALUE
     (``DataConfig.data_options``)."""
+    q.add_argument("--spec", action=SpecFileAction, metavar="FILE",
+                   help="a task spec (YAML) describing your own data: source table, tasks, features, split, model "
+                        "(docs: guides/your-data); the benchmark is then 'spec'")
     q.add_argument("--mnist-dir", help="MNIST IDX folder whose digits are added (multimnist)")
     q.add_argument("--data-dir", help="mounted dataset folder (celeba, nyuv2, cityscapes, office31, officehome)")
     q.add_argument("--data-option", action="append", metavar="KEY=VALUE",

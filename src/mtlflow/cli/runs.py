@@ -27,6 +27,8 @@ from mtlflow.jobs.cache import cache_path
 def cmd_prepare(args: argparse.Namespace) -> int:
     from mtlflow import jobs
 
+    if args.benchmark is None:
+        raise InvalidParameterError("give --benchmark NAME or --spec FILE: the data to prepare")
     manifest = jobs.prepare(args.benchmark, args.out, overwrite=args.overwrite, **bench_config(args))
     print(json.dumps({"out": args.out, "content_hash": manifest["content_hash"]}))
     return 0
@@ -136,7 +138,9 @@ def cmd_stage(args: argparse.Namespace) -> int:
     from mtlflow.jobs import stages
 
     params = stages.load_params(args.params)
-    if args.stage == "prepare":
+    if args.stage == "source":
+        stages.stage_source(params)
+    elif args.stage == "prepare":
         stages.stage_prepare(params)
     elif args.stage == "train":
         stages.stage_train(params, args.method, args.seed)
@@ -153,8 +157,9 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the prepare, train, evaluate, aggregate, report, data, stage commands."""
-    p = sub.add_parser("prepare", help="build a benchmark's data into a directory with a content hash")
-    p.add_argument("--benchmark", required=True)
+    p = sub.add_parser("prepare", help="build a benchmark's data (or your own, --spec FILE) into a directory with a "
+                                       "content hash")
+    p.add_argument("--benchmark", help="benchmark name (see `mtlflow benchmarks`); or give --spec FILE")
     p.add_argument("--out", required=True, help="new or empty directory (a prepared dataset is replaced only "
                    "with --overwrite; other content is never deleted)")
     p.add_argument("--overwrite", action="store_true", help="replace the prepared dataset already in --out")
@@ -221,7 +226,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_data)
 
     p = sub.add_parser("stage", help="run one DVC stage of dvc.yaml (reads params.yaml)")
-    p.add_argument("stage", choices=["prepare", "train", "reference", "evaluate", "aggregate", "experiment"])
+    p.add_argument("stage", choices=["source", "prepare", "train", "reference", "evaluate", "aggregate", "experiment"])
     p.add_argument("--method")
     p.add_argument("--task")
     p.add_argument("--seed", type=seed_arg, default=0)

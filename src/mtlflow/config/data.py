@@ -29,20 +29,35 @@ def check_dir_hash(dvc_hash: str) -> str:
 
 @dataclass
 class DataConfig(ConfigModel):
-    """The data set of a run: a benchmark and its preparation options."""
+    """The data set of a run: a benchmark and its preparation options, or a task spec of the user's data."""
 
     subject = "data options"
 
-    benchmark: str = option("multimnist", "the benchmark (see `mtlflow benchmarks`)")
+    benchmark: str = option("multimnist", "the benchmark (see `mtlflow benchmarks`); 'spec' with a task spec")
     data_options: dict[str, Any] = option(help="the benchmark's preparation options, e.g. n_train=2000 (see "
                                                "`mtlflow benchmarks`)", factory=dict, flag="--data-option")
+    spec: str = option("", "a task spec of your own data: the path or URI of its YAML file ('' = the benchmark)")
+    spec_rev: str = option("", "the git revision of the spec's DVC-tracked table to read (overrides source.rev; "
+                               "'' = the spec's)")
 
     def validate(self) -> None:
         self.check_types()
+        if self.spec_rev and not self.spec:
+            raise InvalidParameterError("spec_rev needs spec: give the task spec whose table revision it selects")
         self.build_benchmark()  # unknown benchmarks and options are refused by the benchmark
 
+    def preparation(self) -> tuple[str, dict[str, Any]]:
+        """The benchmark to prepare and its options: ``("spec", {"spec": ..., "rev": ...})`` for a task spec."""
+        if not self.spec:
+            return self.benchmark, dict(self.data_options)
+        if self.benchmark not in ("spec", DataConfig.benchmark) or self.data_options:
+            raise InvalidParameterError(f"spec {self.spec} describes the data; drop benchmark={self.benchmark} and "
+                                        "data_options (or drop spec)")
+        return "spec", {"spec": self.spec, **({"rev": self.spec_rev} if self.spec_rev else {})}
+
     def build_benchmark(self) -> benchmarks.Benchmark:
-        return benchmarks.build(self.benchmark, **self.data_options)
+        name, options = self.preparation()
+        return benchmarks.build(name, **options)
 
 
 @dataclass

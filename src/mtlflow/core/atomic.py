@@ -120,8 +120,6 @@ def read_json(path: str | os.PathLike, what: str = "file") -> Any:
 def read_yaml(path: str | os.PathLike, what: str = "YAML file") -> Any:
     """Read a YAML parameter file; every problem is one :class:`InvalidParameterError` line, a syntax
     error as ``FILE:LINE:COL: message`` (the position editors and CI annotations jump to)."""
-    import yaml
-
     from mtlflow.core.errors import InvalidParameterError
 
     path = Path(path)
@@ -133,11 +131,20 @@ def read_yaml(path: str | os.PathLike, what: str = "YAML file") -> Any:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidParameterError(f"{what} {path} cannot be read ({exc}); give a UTF-8 YAML file") from None
+    return parse_yaml(text, str(path), what)
+
+
+def parse_yaml(text: str, name: str, what: str = "YAML file") -> Any:
+    """The YAML document ``text`` (read from ``name``); a syntax error is one line ``NAME:LINE:COL: message``."""
+    import yaml
+
+    from mtlflow.core.errors import InvalidParameterError
+
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark is not None else name
         problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or type(exc).__name__
         opened, context = getattr(exc, "context_mark", None), getattr(exc, "context", None)
         if opened is not None and context and opened is not mark:  # e.g. where an unclosed [ was opened

@@ -105,6 +105,7 @@ def run_info(trainer: Trainer) -> dict[str, Any]:
     return {
         "benchmark": trainer.bench.name,
         "benchmark_config": trainer.bench.config,
+        "dataset": trainer.bench.label,
         "data_hash": trainer.data.content_hash,
         "kind": "single-task" if len(trainer.tasks) == 1 and len(trainer.bench.tasks) > 1 else "multi-task",
         "tasks": [t.name for t in trainer.tasks],

@@ -149,8 +149,8 @@ def evaluate(run_dir: str | Path, data_dir: str | Path, split: str = "test",
     tasks = bench.select_tasks(blob["tasks"])
     index = [bench.task_names.index(t.name) for t in tasks]
     values = evaluate_model(model, bench, data.splits[split], tasks, index)
-    result = {"run": str(run_dir), "benchmark": bench.name, "method": blob["method"], "split": split,
-              "data_hash": data.content_hash, "tasks": [t.name for t in tasks],
+    result = {"run": str(run_dir), "benchmark": bench.name, "dataset": bench.label, "method": blob["method"],
+              "split": split, "data_hash": data.content_hash, "tasks": [t.name for t in tasks],
               "metric_specs": {t.name: t.metric_specs() for t in tasks}, "metrics": values}
     if confusion:
         from mtlflow.metrics.confusion import confusion_matrices
@@ -310,6 +310,7 @@ def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any
     return {
         "schema": 1,
         "benchmark": benches.pop(),
+        "dataset": runs[0]["run"].get("dataset", runs[0]["run"]["benchmark"]),
         "data_hash": hashes.pop(),
         "split": split,
         "tasks": tasks,

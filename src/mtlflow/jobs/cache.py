@@ -26,7 +26,7 @@ def default_cache_dir() -> Path:
 
 def cache_path(bench: Benchmark) -> Path:
     """Where ``bench`` (with its configuration) is cached, prepared or not."""
-    key = hashlib.sha256(json.dumps(bench.config, sort_keys=True).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps(bench.data_identity(), sort_keys=True).encode()).hexdigest()[:12]
     return default_cache_dir() / "data" / f"{bench.name}-{key}"
 
 

@@ -26,12 +26,15 @@ def flat_metrics(prefix: str, metrics: Mapping[str, Mapping[str, float]]) -> dic
 
 
 def prepare_data(benchmark: str, data_options: Mapping[str, Any], out: str, data_version: str = "",
-                 dvc_remote: str = "", default_remote: str = "", dvc_cache: str = "") -> dict[str, Any]:
-    """Prepare ``benchmark`` with ``data_options`` into ``out`` and push it to the DVC remote, or pull
-    ``data_version`` from it; returns the Dataset artifact's metadata (benchmark, data options, tasks, hashes)."""
+                 dvc_remote: str = "", default_remote: str = "", dvc_cache: str = "", spec: str = "",
+                 spec_rev: str = "") -> dict[str, Any]:
+    """Prepare ``benchmark`` with ``data_options`` (or the task spec ``spec``, its table at ``spec_rev``) into
+    ``out`` and push it to the DVC remote, or pull ``data_version`` from it; returns the Dataset artifact's
+    metadata (benchmark, data options, tasks, hashes)."""
     from mtlflow.benchmarks.base import read_manifest
+    from mtlflow.config.data import DataConfig
 
-    options = from_struct(dict(data_options))
+    benchmark, options = DataConfig(benchmark, from_struct(dict(data_options)), spec, spec_rev).preparation()
     remote = dvc_io.resolve_remote(dvc_remote, default_remote)
     if data_version:
         if not remote:
@@ -46,8 +49,8 @@ def prepare_data(benchmark: str, data_options: Mapping[str, Any], out: str, data
     else:
         manifest = jobs.prepare(benchmark, out, **options)
         version = dvc_io.version_metadata(out, remote)
-    return {"benchmark": benchmark, "data_options": options, "tasks": manifest["tasks"],
-            "content_hash": manifest["content_hash"], **version}
+    return {"benchmark": benchmark, "dataset": manifest.get("label", benchmark), "data_options": options,
+            "tasks": manifest["tasks"], "content_hash": manifest["content_hash"], **version}
 
 
 def train(data: str, data_metadata: Mapping[str, Any], run_out: str, model_out: str, report_out: str,

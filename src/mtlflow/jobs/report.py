@@ -54,7 +54,7 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
 
 def markdown_summary(summary: Mapping[str, Any]) -> str:
     refs = summary["references"]
-    parts = [f"# mtlflow results: {summary['benchmark']}", "",
+    parts = [f"# mtlflow results: {summary.get('dataset', summary['benchmark'])}", "",
              f"- data hash: `{summary['data_hash']}`",
              f"- split: {summary['split']}; selection rule(s): {', '.join(summary['selection_rules'])}",
              f"- hypervolume reference point: {summary['hypervolume_reference_point']} "
@@ -160,12 +160,13 @@ def html_report(summary: Mapping[str, Any], pareto_png: bytes, curves_png: bytes
     def img(data: bytes, alt: str) -> str:
         return f'<img alt="{alt}" src="data:image/png;base64,{base64.b64encode(data).decode()}"/>'
 
+    title = html.escape(summary.get("dataset", summary["benchmark"]))  # summaries before datasets had labels
     return f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>mtlflow report: {html.escape(summary['benchmark'])}</title>
+<html><head><meta charset="utf-8"><title>mtlflow report: {title}</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #bbb;padding:4px 8px;text-align:right}}td:first-child{{text-align:left}}</style>
 </head><body>
-<h1>mtlflow report: {html.escape(summary['benchmark'])}</h1>
+<h1>mtlflow report: {title}</h1>
 <p>Data hash <code>{html.escape(summary['data_hash'])}</code>; split <b>{html.escape(summary['split'])}</b>;
 selection rule(s): {html.escape(', '.join(summary['selection_rules']))}; the test split never selects an epoch.</p>
 <h2>Results</h2>{table}

@@ -81,7 +81,7 @@ def run_markdown(run_dir: str | Path) -> str:
     run, metrics = loaded["run"], loaded["metrics"]
     config = run["config"]
     last = metrics["epochs"][-1]
-    parts = [f"# {_label(run)} on {run['benchmark']} (seed {config['seed']})", "",
+    parts = [f"# {_label(run)} on {run.get('dataset', run['benchmark'])} (seed {config['seed']})", "",
              f"- status: **{run.get('status', 'unknown')}**" + (f" ({run['error']})" if run.get("error") else ""),
              f"- epochs: {last['epoch']} of {config['epochs']}; selection rule: {metrics['selection']['rule']}",
              f"- tasks: {', '.join(metrics['tasks'])} ({run.get('kind', 'multi-task')})",
@@ -99,7 +99,7 @@ def evaluation_markdown(result: Mapping[str, Any]) -> str:
     split = result["split"]
     names = sorted({m for values in result["metrics"].values() for m in values})
     rows = [[task] + [_fmt(result["metrics"][task].get(m, "–")) for m in names] for task in result["tasks"]]
-    parts = [f"# Evaluation of {result['method']} on {result['benchmark']} ({split} split)", "",
+    parts = [f"# Evaluation of {result['method']} on {result.get('dataset', result['benchmark'])} ({split} split)", "",
              f"- data hash: `{result['data_hash']}`", "", _markdown_table(["task", *names], rows)]
     for task, cm in (result.get("confusion_matrices") or {}).items():
         parts.append(f"## Confusion matrix: {task} (rows: true class, columns: predicted)\n")
@@ -189,7 +189,7 @@ def run_report_html(run_dir: str | Path) -> str:
     loaded = load_run(run_dir)
     run, metrics = loaded["run"], loaded["metrics"]
     config = run["config"]
-    title = f"{_label(run)} on {run['benchmark']} (seed {config['seed']})"
+    title = f"{_label(run)} on {run.get('dataset', run['benchmark'])} (seed {config['seed']})"
     status = html.escape(str(run.get("status", "unknown"))) + (
         f" &mdash; {html.escape(run['error'])}" if run.get("error") else "")
     settings = [[k, _fmt(v)] for k, v in sorted(config.items()) if v not in (None, {}, [])]

@@ -6,6 +6,9 @@ parameters, with the same names -- plus a ``dvc`` section with what only this pi
 ``reference_tasks`` (the matrix of the reference stage: the benchmark's tasks) and ``experiment_method``
 (the research stage). Paths (relative to the DVC project root):
 
+* ``data/source.json``                   -- what identifies the data's inputs (the benchmark and its options, or the
+  task spec and its table's SHA-256); re-computed on every ``dvc repro``, so a new version of the user's table
+  re-runs ``prepare`` and everything after it;
 * ``data/prepared``                      -- prepared benchmark data (DVC-tracked, pushed with ``dvc push``);
 * ``runs/mtl/<method>-s<seed>``          -- one run per (method, seed) of ``methods x seeds``;
 * ``runs/reference/<task>-s<seed>``      -- single-task reference runs (``reference_seeds``; never COST);
@@ -29,6 +32,7 @@ from mtlflow.config.pipeline import SweepConfig, reference_options
 from mtlflow.core import atomic
 from mtlflow.core.errors import InvalidParameterError
 
+SOURCE = Path("data/source.json")
 DATA = Path("data/prepared")
 RUNS = Path("runs/mtl")
 REFERENCES = Path("runs/reference")
@@ -81,8 +85,13 @@ def flat_metrics(final: dict[str, dict[str, float]]) -> dict[str, float]:
     return {f"{task}.{name}": value for task, values in final.items() for name, value in values.items()}
 
 
+def stage_source(params: DvcParams) -> None:
+    atomic.write_json(SOURCE, params.sweep.build_benchmark().data_identity())
+
+
 def stage_prepare(params: DvcParams) -> None:
-    jobs.prepare(params.sweep.benchmark, DATA, overwrite=True, **params.sweep.data_options)
+    benchmark, options = params.sweep.preparation()
+    jobs.prepare(benchmark, DATA, overwrite=True, **options)
 
 
 def _train_options(params: DvcParams) -> dict[str, Any]:

@@ -56,7 +56,8 @@ def candidate(run_dir: str | os.PathLike, evaluation: Mapping[str, Any]) -> dict
     primary = run["metrics"]["primary_metrics"]
     if sorted(evaluation["tasks"]) != sorted(primary):
         raise DataError(f"evaluation tasks {evaluation['tasks']} do not match run {run_dir} ({sorted(primary)})")
-    return {"benchmark": evaluation["benchmark"], "method": evaluation["method"], "label": run_label(run["run"]),
+    return {"benchmark": evaluation.get("dataset", evaluation["benchmark"]), "method": evaluation["method"],
+            "label": run_label(run["run"]),
             "tasks": sorted(primary), "split": evaluation["split"], "metrics": evaluation["metrics"],
             "primary_metrics": primary, "data_hash": evaluation["data_hash"],
             "error": score(evaluation["metrics"], primary, evaluation["metric_specs"])}

@@ -40,7 +40,7 @@ def run_identity(trainer: TrainerView, pipeline: str) -> dict[str, str]:
     from mtlflow.engine.rundir import run_label
 
     tasks = [t.name for t in trainer.tasks]
-    return {"pipeline": pipeline or CLI_PIPELINE, "benchmark": trainer.bench.name,
+    return {"pipeline": pipeline or CLI_PIPELINE, "benchmark": trainer.bench.label,
             "method": run_label({"config": dataclasses.asdict(trainer.config)}),
             "seed": str(trainer.config.seed),
             "tasks": "all" if tasks == list(trainer.bench.task_names) else ",".join(tasks)}
@@ -204,7 +204,7 @@ def export_summary(summary: Mapping[str, Any], pushgateway: str | None, pipeline
     if gateway is None:
         return False
     metrics = MetricSet(catalog.AGGREGATE_METRICS)
-    group = {"pipeline": pipeline or CLI_PIPELINE, "benchmark": summary["benchmark"]}
+    group = {"pipeline": pipeline or CLI_PIPELINE, "benchmark": summary.get("dataset", summary["benchmark"])}
     for label, row in summary["methods"].items():
         labels = {**group, "method": label}
         for field, reference in (("delta_m", "own"), ("delta_m_paper", "paper")):

@@ -1,0 +1,328 @@
+"""The task spec: a YAML file that describes the user's own multi-task problem, validated by pydantic.
+
+A spec names the source (a CSV or Parquet table, read with pyarrow; a SMILES column makes it a molecule
+table), the tasks (name, column(s), kind, metrics), the features, the split and the model. Every error
+names the key path, the line of the spec file when there is one, and the fix (:class:`SpecError`, exit 2).
+``mtlflow config schema --of spec`` prints the JSON schema of :class:`DataSpec`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.metrics.task_types import TASK_TYPES
+
+#: a key path in the spec: ("tasks", 1, "column")
+KeyPath = tuple[str | int, ...]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class SpecError(InvalidParameterError):
+    """A problem of the spec or of the data it names; the message starts with ``FILE:LINE: key.path:``."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Source(_Strict):
+    """Where the rows come from."""
+
+    table: str = Field(description="the table: a local path (relative paths are relative to the spec file), a path "
+                                   "inside `repo`, or a URI that fsspec reads (s3://, gs://, https://)")
+    format: Literal["csv", "parquet"] | None = Field(None, description="csv or parquet (default: from the suffix)")
+    repo: str | None = Field(None, description="a DVC repository (URL or path) that tracks `table`; read with "
+                                               "dvc.api at `rev`")
+    rev: str | None = Field(None, description="the git revision of `repo` (a tag, branch or commit)")
+    smiles: str | None = Field(None, description="the column of SMILES strings: each row is a molecule, turned "
+                                                 "into a graph (the model is the MPNN)")
+    max_invalid_share: float = Field(0.01, ge=0, le=1, description="share of unparsable SMILES that are skipped "
+                                                                   "(counted in the manifest); above it prepare fails")
+
+    @model_validator(mode="after")
+    def _rev_needs_repo(self) -> Source:
+        if self.rev is not None and self.repo is None:
+            raise ValueError("rev needs repo: give the DVC repository whose revision `rev` is")
+        return self
+
+
+class TaskEntry(_Strict):
+    """One task: its label column(s), its kind, and optionally its metrics."""
+
+    name: str = Field(description="the task's name (letters, digits, _ . -)")
+    type: Literal["binary", "multiclass", "multilabel", "regression"] = Field(description="the kind of task")
+    column: str | None = Field(None, description="the label column (default: the task's name)")
+    columns: list[str] | None = Field(None, min_length=2, description="multilabel: one 0/1 column per label")
+    positive: str | int | float | bool | None = Field(None, description="binary: the value of the positive class "
+                                                                        "(default: 1 / true / the larger value)")
+    metrics: list[str] | None = Field(None, min_length=1, description="a subset of the kind's metrics (default: all)")
+    primary: str | None = Field(None, description="the metric of Pareto fronts and hypervolume (default per kind)")
+    hv_reference: float | None = Field(None, description="hypervolume reference of the primary metric's error "
+                                                         "(regression default: twice the training standard "
+                                                         "deviation of the target)")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"task name {value!r} must start with a letter or digit and hold only letters, digits, "
+                             "_ . -")
+        return value
+
+    @model_validator(mode="after")
+    def _columns_fit_kind(self) -> TaskEntry:
+        if self.type == "multilabel" and not self.columns:
+            raise ValueError("a multilabel task needs columns: [label_a, label_b, ...]")
+        if self.type != "multilabel" and self.columns:
+            raise ValueError(f"columns is for multilabel tasks; a {self.type} task has one column")
+        if self.positive is not None and self.type != "binary":
+            raise ValueError("positive is for binary tasks")
+        kind = TASK_TYPES[self.type]
+        valid = [m.name for m in kind.metrics]
+        unknown = [m for m in self.metrics or () if m not in valid]
+        if unknown:
+            raise ValueError(f"metric(s) {unknown} are not {self.type} metrics; valid: {valid}")
+        chosen = self.metrics or valid
+        if self.primary is not None and self.primary not in chosen:
+            raise ValueError(f"primary {self.primary!r} is not among the task's metrics {chosen}")
+        return self
+
+    @property
+    def label_columns(self) -> list[str]:
+        return list(self.columns) if self.columns else [self.column or self.name]
+
+
+class Features(_Strict):
+    """The input columns of a table (a molecule table's input is its SMILES column)."""
+
+    numeric: list[str] | None = Field(None, description="numeric columns (default: every numeric column that is "
+                                                        "not a label, split, group or SMILES column)")
+    categorical: list[str] = Field(default_factory=list, description="categorical columns, one-hot encoded with "
+                                                                     "the categories of the training split")
+    standardise: bool = Field(True, description="standardise numeric features with training-split statistics "
+                                                "(missing values become the training mean)")
+
+
+class Split(_Strict):
+    """Which rows train, validate and test."""
+
+    column: str | None = Field(None, description="a column with the values train / val / test (then the ratios "
+                                                 "are not used)")
+    val: float = Field(0.1, gt=0, lt=1, description="share of rows for validation")
+    test: float = Field(0.2, gt=0, lt=1, description="share of rows for test")
+    seed: int = Field(0, ge=0, description="seed of the random split")
+    stratify: str | None = Field(None, description="a binary or multiclass task whose class shares every split "
+                                                   "keeps")
+    group: str | None = Field(None, description="a column whose rows stay together in one split (e.g. a customer "
+                                                "id)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Split:
+        if self.val + self.test >= 1:
+            raise ValueError(f"val + test = {self.val + self.test:g} leaves no training rows; make it below 1")
+        if self.stratify is not None and self.group is not None:
+            raise ValueError("stratify and group cannot be combined; choose one")
+        if self.column is not None and (self.stratify is not None or self.group is not None):
+            raise ValueError("a split column fixes the split; stratify/group apply to random splits only")
+        return self
+
+
+class ModelSpec(_Strict):
+    """A built-in trunk with one head per task, or a function that returns a MultiTaskModel."""
+
+    trunk: Literal["mlp", "mpnn"] | None = Field(None, description="mlp for tables, mpnn for molecules (default: "
+                                                                   "by the source)")
+    hidden: list[int] = Field(default_factory=lambda: [256, 256], min_length=1,
+                              description="widths of the MLP's hidden layers (the mpnn uses the first)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout after each hidden layer of the MLP")
+    factory: str | None = Field(None, description="module:function called as function(spec, schema) that returns a "
+                                                  "mtlflow.models.MultiTaskModel with one head per task")
+
+    @field_validator("hidden")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if any(w <= 0 for w in value):
+            raise ValueError("hidden widths must be positive integers")
+        return value
+
+    @model_validator(mode="after")
+    def _one_model(self) -> ModelSpec:
+        if self.factory is not None and self.trunk is not None:
+            raise ValueError("give either trunk or factory, not both")
+        if self.factory is not None and ":" not in self.factory:
+            raise ValueError(f"factory {self.factory!r} must be module:function")
+        return self
+
+
+class DataSpec(_Strict):
+    """A multi-task problem on the user's own data."""
+
+    name: str = Field(description="the data set's name (letters, digits, _ . -), shown in reports")
+    source: Source
+    tasks: list[TaskEntry] = Field(min_length=1)
+    features: Features = Field(default_factory=Features)
+    split: Split = Field(default_factory=Split)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    train: dict[str, Any] = Field(default_factory=dict, description="training defaults of this data set (any "
+                                                                    "`mtlflow train` option: epochs, lr, batch_size)")
+    #: where the spec was read from, for the errors found later in the data
+    _location: SpecLocation | None = PrivateAttr(None)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"name {value!r} must start with a letter or digit and hold only letters, digits, _ . -")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> DataSpec:
+        names = [t.name for t in self.tasks]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"task name(s) {repeated} appear more than once; give each task a distinct name")
+        if self.split.stratify is not None:
+            kinds = {t.name: t.type for t in self.tasks}
+            classes = [n for n, k in kinds.items() if k in ("binary", "multiclass")]
+            if self.split.stratify not in classes:
+                raise ValueError(f"split.stratify {self.split.stratify!r} must name a binary or multiclass task "
+                                 f"({', '.join(classes) or 'none'})")
+        if self.model.trunk == "mpnn" and self.source.smiles is None:
+            raise ValueError("model.trunk mpnn needs molecules: set source.smiles to the SMILES column")
+        if self.model.trunk == "mlp" and self.source.smiles is not None:
+            raise ValueError("a molecule table trains the mpnn trunk; drop model.trunk or set it to mpnn")
+        return self
+
+    @property
+    def modality(self) -> str:
+        return "molecules" if self.source.smiles is not None else "table"
+
+
+class SpecLocation:
+    """Where a spec came from: its file and the line of each key path (for error messages)."""
+
+    def __init__(self, file: str | None = None, lines: Mapping[KeyPath, int] | None = None):
+        self.file = file
+        self.lines = dict(lines or {})
+
+    def where(self, path: KeyPath) -> str:
+        """``FILE:LINE: key.path`` (the nearest enclosing key with a known line)."""
+        key = format_key_path(path)
+        if self.file is None:
+            return f"spec {key}" if key else "spec"
+        for depth in range(len(path), -1, -1):
+            if path[:depth] in self.lines:
+                return f"{self.file}:{self.lines[path[:depth]]}: {key}" if key else f"{self.file}:{self.lines[()]}"
+        return f"{self.file}: {key}" if key else self.file
+
+    def error(self, path: KeyPath, message: str) -> SpecError:
+        return SpecError(f"{self.where(path)}: {message}")
+
+
+def format_key_path(path: Sequence[str | int]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def yaml_key_lines(text: str) -> dict[KeyPath, int]:
+    """The 1-based line of every key path of a YAML document (a value's line, or its key's for mappings)."""
+    import yaml
+
+    lines: dict[KeyPath, int] = {}
+
+    def walk(node: Any, path: KeyPath) -> None:
+        lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                lines[path + (key.value,)] = key.start_mark.line + 1
+                walk(value, path + (key.value,))
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                walk(item, path + (index,))
+
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+def parse_spec(values: Any, location: SpecLocation | None = None) -> DataSpec:
+    """A validated :class:`DataSpec`, or a :class:`SpecError` naming the first problem's key path and line."""
+    location = location or SpecLocation()
+    if not isinstance(values, Mapping):
+        raise location.error((), f"a spec is a mapping with name, source and tasks, not {type(values).__name__}")
+    try:
+        return DataSpec.model_validate(dict(values))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        path = tuple(p for p in first["loc"] if not (isinstance(p, str) and p.startswith(("function-", "literal"))))
+        raise location.error(path, _message(first)) from None
+
+
+def _message(error: Mapping[str, Any]) -> str:
+    kind, message = error["type"], error["msg"]
+    if kind == "missing":
+        return "is required"
+    if kind == "extra_forbidden":
+        return "is not a spec key; see `mtlflow config schema --of spec` for the valid keys"
+    if kind == "literal_error":
+        return f"{error['input']!r} is not valid: {message.lower()}"
+    return message.removeprefix("Value error, ")
+
+
+def read_spec(path: str | Path) -> DataSpec:
+    """Read and validate a spec file (a local path or a URI that fsspec reads); a relative ``source.table``
+    is relative to the spec file's folder."""
+    import posixpath
+
+    from mtlflow.core.atomic import parse_yaml, read_yaml
+
+    name = str(path)
+    if "://" in name:
+        text = _read_remote_text(name)
+        values = parse_yaml(text, name, "spec file")
+        folder = posixpath.dirname(name)
+    else:
+        values = read_yaml(path, "spec file")  # syntax errors as FILE:LINE:COL
+        text = Path(path).read_text(encoding="utf-8")
+        folder = str(Path(path).resolve().parent)
+    location = SpecLocation(name, yaml_key_lines(text))
+    spec = parse_spec(values, location)
+    table = spec.source.table
+    if spec.source.repo is None and "://" not in table and not posixpath.isabs(table):
+        joined = posixpath.join(folder, table) if "://" in folder else str(Path(folder, table).resolve())
+        spec = spec.model_copy(update={"source": spec.source.model_copy(update={"table": joined})})
+    spec._location = location
+    return spec
+
+
+def _read_remote_text(uri: str) -> str:
+    import fsspec
+
+    try:
+        with fsspec.open(uri, "rt", encoding="utf-8") as fh:
+            return fh.read()
+    except Exception as exc:  # fsspec backends raise their own types
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecError(f"spec file {uri} cannot be read ({reason}); check the URI and its credentials") from None
+
+
+def with_revision(spec: DataSpec, rev: str) -> DataSpec:
+    """``spec`` reading its DVC-tracked table at git revision ``rev``."""
+    if spec.source.repo is None:
+        raise location_of(spec).error(("source", "repo"), f"a table revision ({rev}) needs source.repo, the DVC "
+                                                          "repository that tracks the table")
+    return spec.model_copy(update={"source": spec.source.model_copy(update={"rev": rev})})
+
+
+def location_of(spec: DataSpec) -> SpecLocation:
+    """Where ``spec`` was read from (no file: a spec given as a mapping)."""
+    return spec._location or SpecLocation()

@@ -1,0 +1,321 @@
+"""Reading a spec's table and encoding it: labels per task kind, features, the split.
+
+The table is read whole with pyarrow (CSV with its multi-threaded reader, or Parquet) from a local
+path, a DVC repository at a revision, or an fsspec URI. Everything after that is column-wise NumPy: no
+per-row Python work, so a million rows take seconds. Every problem is a :class:`SpecError` that names
+the spec's key path (and line) and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mtlflow.benchmarks._spec.schema import DataSpec, KeyPath, SpecLocation, TaskEntry, location_of
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class SourceTable:
+    """The table of a spec with the SHA-256 of the bytes it was parsed from."""
+
+    table: Any  # pyarrow.Table
+    sha256: str
+    origin: str
+
+
+def read_source(spec: DataSpec) -> SourceTable:
+    """Read the spec's table; a missing file, an unreadable revision or a parse error is a SpecError."""
+    source, where = spec.source, location_of(spec)
+    fmt = source.format or _format_of(source.table, where)
+    data, origin = _read_bytes(spec, where)
+    digest = hashlib.sha256(data).hexdigest()
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(io.BytesIO(data))
+        else:
+            import pyarrow as pa
+            from pyarrow import csv
+
+            compression = "gzip" if source.table.endswith(".gz") else None
+            stream = pa.input_stream(pa.BufferReader(data), compression=compression)
+            table = csv.read_csv(stream, convert_options=csv.ConvertOptions(strings_can_be_null=True))
+    except Exception as exc:  # pyarrow raises ArrowInvalid/ArrowTypeError/OSError with the parser's reason
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise where.error(("source", "table"), f"{origin} is not a readable {fmt} table ({first}); fix the file or "
+                                               "set source.format") from None
+    if table.num_rows == 0:
+        raise where.error(("source", "table"), f"{origin} has no rows; give a table with data")
+    return SourceTable(table, digest, origin)
+
+
+def _format_of(table: str, where: SpecLocation) -> str:
+    name = table.lower().removesuffix(".gz")
+    if name.endswith((".parquet", ".pq")):
+        return "parquet"
+    if name.endswith(".csv"):
+        return "csv"
+    raise where.error(("source", "table"), f"cannot tell the format of {table!r} from its suffix; set source.format "
+                                           "to csv or parquet")
+
+
+def _read_bytes(spec: DataSpec, where: SpecLocation) -> tuple[bytes, str]:
+    source = spec.source
+    if source.repo is not None:
+        import dvc.api
+
+        origin = f"{source.table} of {source.repo}@{source.rev or 'HEAD'}"
+        try:
+            with dvc.api.open(source.table, repo=source.repo, rev=source.rev, mode="rb") as fh:
+                return fh.read(), origin
+        except Exception as exc:  # dvc raises many types (PathMissingError, RevError, SCMError, ...)
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise where.error(("source", "repo"), f"cannot read {origin} ({reason}); check repo, rev and table") \
+                from None
+    if "://" in source.table:
+        import fsspec
+
+        try:
+            with fsspec.open(source.table, "rb") as fh:
+                return fh.read(), source.table
+        except Exception as exc:  # fsspec backends raise their own types
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise where.error(("source", "table"), f"cannot read {source.table} ({reason}); check the URI and its "
+                                                   "credentials") from None
+    path = Path(source.table)
+    if not path.is_file():
+        raise where.error(("source", "table"), f"file not found: {path}; fix the path (a relative path is relative "
+                                               "to the spec file)")
+    return path.read_bytes(), str(path)
+
+
+# -- columns -----------------------------------------------------------------------------------------
+def column(table: Any, name: str, where: SpecLocation, path: KeyPath) -> Any:
+    """A column of the table by name, or a SpecError listing the columns there are."""
+    if name not in table.column_names:
+        shown = ", ".join(table.column_names[:20]) + (", ..." if table.num_columns > 20 else "")
+        raise where.error(path, f"column {name!r} is not in the table (columns: {shown}); fix the name")
+    return table.column(name)
+
+
+def is_numeric(arrow_column: Any) -> bool:
+    import pyarrow.types as pat
+
+    kind = arrow_column.type
+    return pat.is_integer(kind) or pat.is_floating(kind) or pat.is_boolean(kind) or pat.is_null(kind)
+
+
+def as_float(arrow_column: Any) -> np.ndarray:
+    """A numeric column as float64 with NaN for missing values."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.cast(arrow_column, pa.float64()).to_numpy(zero_copy_only=False)
+
+
+def as_strings(arrow_column: Any) -> np.ndarray:
+    """Any column as an object array of strings, None where missing."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return np.asarray(pc.cast(arrow_column, pa.string()).to_numpy(zero_copy_only=False), dtype=object)
+
+
+# -- labels ------------------------------------------------------------------------------------------
+@dataclass
+class EncodedTask:
+    """A task's labels as the loss wants them, with what is needed to read predictions back."""
+
+    values: np.ndarray  # binary/multilabel/regression float64 (NaN missing); multiclass int64 (-1 missing)
+    info: dict[str, Any]
+
+
+def encode_task(table: Any, task: TaskEntry, index: int, where: SpecLocation) -> EncodedTask:
+    base: KeyPath = ("tasks", index)
+    if task.type == "multilabel":
+        paths = [base + ("columns", i) for i in range(len(task.label_columns))]
+        values = np.stack([_binary(column(table, name, where, path), None, where, path, name)[0]
+                           for name, path in zip(task.label_columns, paths)], axis=1)
+        return EncodedTask(values, {"labels": task.label_columns})
+    name = task.label_columns[0]
+    path = base + (("column",) if task.column else ("name",))
+    raw = column(table, name, where, path)
+    if task.type == "binary":
+        values, positive = _binary(raw, task.positive, where, path, name)
+        return EncodedTask(values, {"positive": positive})
+    if task.type == "multiclass":
+        return _multiclass(raw, where, path, name)
+    if not is_numeric(raw):
+        example = next((v for v in as_strings(raw) if v is not None), None)
+        raise where.error(path, f"regression target {name!r} is not numeric (e.g. {example!r}); clean the column or "
+                                "make the task multiclass")
+    values = as_float(raw)
+    if not np.isfinite(values[~np.isnan(values)]).all():
+        raise where.error(path, f"regression target {name!r} holds infinite values; remove them or leave the cells "
+                                "empty (missing)")
+    return EncodedTask(values, {})
+
+
+def _binary(raw: Any, positive: Any, where: SpecLocation, path: KeyPath, name: str) -> tuple[np.ndarray, Any]:
+    strings = as_strings(raw)
+    present = np.array([v is not None for v in strings])
+    distinct = sorted(set(strings[present].tolist()))
+    if len(distinct) > 2:
+        shown = ", ".join(repr(v) for v in distinct[:5])
+        raise where.error(path, f"binary column {name!r} has {len(distinct)} values ({shown}, ...); make the task "
+                                "multiclass or clean the column")
+    if len(distinct) < 2:
+        raise where.error(path, f"class column {name!r} holds a single class ({distinct[0] if distinct else 'none'}); "
+                                "a classification task needs two")
+    if positive is None:
+        numeric = is_numeric(raw)
+        positive_text = distinct[-1] if not numeric else max(distinct, key=float)
+    else:
+        positive_text = str(positive).lower() if isinstance(positive, bool) else str(positive)
+        if positive_text not in distinct:
+            raise where.error(path[:-1] + ("positive",), f"positive value {positive!r} does not occur in {name!r} "
+                                                          f"(values: {distinct}); fix it")
+    values = np.full(len(strings), np.nan)
+    values[present] = (strings[present] == positive_text).astype(np.float64)
+    return values, positive_text
+
+
+def _multiclass(raw: Any, where: SpecLocation, path: KeyPath, name: str) -> EncodedTask:
+    import pyarrow.compute as pc
+
+    encoded = pc.dictionary_encode(raw).combine_chunks()
+    classes = [str(v) for v in encoded.dictionary.to_pylist()]
+    if len(classes) < 2:
+        raise where.error(path, f"class column {name!r} holds a single class ({classes[0] if classes else 'none'}); "
+                                "a classification task needs two")
+    codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    order = sorted(range(len(classes)), key=lambda i: _class_key(classes[i]))
+    remap = np.empty(len(classes), dtype=np.int64)
+    remap[order] = np.arange(len(classes))
+    values = np.where(codes >= 0, remap[np.maximum(codes, 0)], -1)
+    return EncodedTask(values, {"classes": [classes[i] for i in order]})
+
+
+def _class_key(text: str) -> tuple[int, float, str]:
+    """Numbers in numeric order before other names in text order."""
+    try:
+        return (0, float(text), text)
+    except ValueError:
+        return (1, 0.0, text)
+
+
+# -- split -------------------------------------------------------------------------------------------
+def split_codes(spec: DataSpec, table: Any, labels: dict[str, EncodedTask]) -> np.ndarray:
+    """0 / 1 / 2 (train / val / test) per row."""
+    where, split, n = location_of(spec), spec.split, table.num_rows
+    if split.column is not None:
+        names = as_strings(column(table, split.column, where, ("split", "column")))
+        codes = np.full(n, -1, dtype=np.int8)
+        for code, value in enumerate(SPLITS):
+            codes[names == value] = code
+        if (codes < 0).any():
+            found = sorted({str(v) for v in names[codes < 0]})[:5]
+            raise where.error(("split", "column"), f"split column {split.column!r} holds {found}, not only train / val "
+                                                   "/ test; fix the values")
+    else:
+        rng = np.random.default_rng(split.seed)
+        shares = (1 - split.val - split.test, split.val, split.test)
+        if split.group is not None:
+            groups = as_strings(column(table, split.group, where, ("split", "group")))
+            _, group_of_row = np.unique(np.where(groups == None, "", groups).astype(str), return_inverse=True)  # noqa: E711
+            group_codes = _allocate(rng.permutation(group_of_row.max() + 1), shares)
+            codes = group_codes[group_of_row]
+        elif split.stratify is not None:
+            strata = labels[split.stratify].values
+            codes = np.empty(n, dtype=np.int8)
+            for stratum in np.unique(np.nan_to_num(strata.astype(np.float64), nan=-1.0)):
+                rows = np.flatnonzero(np.nan_to_num(strata.astype(np.float64), nan=-1.0) == stratum)
+                codes[rows] = _allocate(rng.permutation(len(rows)), shares)
+        else:
+            codes = _allocate(rng.permutation(n), shares)
+    for code, name in enumerate(SPLITS):
+        if not (codes == code).any():
+            raise where.error(("split",), f"the {name} split has no rows ({n} rows in all); change the split so that "
+                                          "every split gets rows")
+    return codes
+
+
+def _allocate(order: np.ndarray, shares: tuple[float, float, float]) -> np.ndarray:
+    """Split codes for items in ``order``: the first share of positions test, then val, the rest train
+    (rounded per item count, so small groups still get every split when they can)."""
+    n = len(order)
+    n_test = int(round(shares[2] * n))
+    n_val = int(round(shares[1] * n))
+    codes = np.zeros(n, dtype=np.int8)
+    codes[order[:n_test]] = 2
+    codes[order[n_test:n_test + n_val]] = 1
+    return codes
+
+
+# -- features ----------------------------------------------------------------------------------------
+def feature_columns(spec: DataSpec, table: Any) -> tuple[list[str], list[str]]:
+    """The numeric and categorical input columns (numeric by default: every other numeric column)."""
+    where, features = location_of(spec), spec.features
+    used = {c for t in spec.tasks for c in t.label_columns} | {spec.split.column, spec.split.group, spec.source.smiles}
+    for i, name in enumerate(features.categorical):
+        column(table, name, where, ("features", "categorical", i))
+    if features.numeric is None:
+        numeric = [c for c in table.column_names if c not in used and c not in features.categorical
+                   and is_numeric(table.column(c))]
+    else:
+        numeric = list(features.numeric)
+        for i, name in enumerate(numeric):
+            values = column(table, name, where, ("features", "numeric", i))
+            if not is_numeric(values):
+                example = next((v for v in as_strings(values) if v is not None), None)
+                raise where.error(("features", "numeric", i), f"feature {name!r} is not numeric (e.g. {example!r}); "
+                                                             "list it under features.categorical")
+    clash = sorted(used & (set(numeric) | set(features.categorical)))
+    if clash:
+        raise where.error(("features",), f"column(s) {clash} are labels, split or group columns and cannot be features "
+                                         "too; remove them from features")
+    if spec.modality == "table" and not numeric and not features.categorical:
+        raise where.error(("features",), "the table has no feature column; list features.numeric or "
+                                         "features.categorical")
+    return numeric, list(features.categorical)
+
+
+def encode_features(spec: DataSpec, table: Any, train: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+    """float32 ``[N, F]``: numeric columns standardised with training statistics (missing -> 0, the training
+    mean), then one-hot blocks of the categorical columns (categories of the training rows; others -> 0)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    numeric, categorical = feature_columns(spec, table)
+    blocks, info = [], {"numeric": [], "categorical": []}
+    for name in numeric:
+        values = as_float(table.column(name))
+        train_values = values[train & ~np.isnan(values)]
+        mean = float(train_values.mean()) if len(train_values) else 0.0
+        std = float(train_values.std()) if len(train_values) > 1 else 0.0
+        scale = std if std > 0 and spec.features.standardise else 1.0
+        shift = mean if spec.features.standardise else 0.0
+        blocks.append(np.nan_to_num((values - shift) / scale, nan=0.0 if spec.features.standardise else mean)
+                      .astype(np.float32)[:, None])
+        info["numeric"].append({"name": name, "mean": mean, "std": std})
+    for name in categorical:
+        values = pc.cast(table.column(name), pa.string())
+        categories = sorted(c for c in pc.unique(values.filter(pa.array(train))).to_pylist() if c is not None)
+        codes = pc.index_in(values, value_set=pa.array(categories, pa.string())).fill_null(-1) \
+            .to_numpy(zero_copy_only=False).astype(np.int64)
+        block = np.zeros((len(values), len(categories)), dtype=np.float32)
+        present = codes >= 0
+        block[np.flatnonzero(present), codes[present]] = 1.0
+        blocks.append(block)
+        info["categorical"].append({"name": name, "categories": categories})
+    matrix = np.concatenate(blocks, axis=1) if blocks else np.zeros((table.num_rows, 0), dtype=np.float32)
+    info["width"] = int(matrix.shape[1])
+    return matrix, info

@@ -1,0 +1,323 @@
+"""The user's own data: a benchmark described by a task spec (:mod:`mtlflow.benchmarks._spec.schema`).
+
+``mtlflow prepare --spec my.yaml --out data/mine`` reads the spec's table, encodes the labels of every
+task by its kind, the features (numeric standardised and categorical one-hot, fitted on the training
+split) or the molecules (SMILES -> graphs, the MoleculeNet featuriser), draws the split and writes
+``features.npy`` or ``graphs.pt``, ``labels.npz``, ``split.npy`` and ``schema.json`` with a content hash.
+The spec itself is stored in the manifest, so training, evaluation and the pipelines rebuild the
+benchmark from the prepared data alone.
+
+A missing label adds nothing to its task's loss (masked means) or metrics; the manifest counts the
+labelled rows of every task in every split. Batches of a table are gathered with one tensor index per
+batch (no per-row Python work in the training loop).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from mtlflow.benchmarks._spec.schema import DataSpec, TaskEntry, location_of, parse_spec, read_spec, with_revision
+from mtlflow.benchmarks._spec.tables import SPLITS, encode_features, encode_task, read_source, split_codes
+from mtlflow.benchmarks.base import Benchmark, ConfigField, MultiTaskTensorDataset, seed_worker
+from mtlflow.core.errors import DataError, InvalidParameterError
+from mtlflow.metrics.regression import with_scale
+from mtlflow.metrics.task import TaskSpec
+from mtlflow.metrics.task_types import TASK_TYPES
+from mtlflow.models.base import MultiTaskModel
+
+SCHEMA_FILE = "schema.json"
+#: the parts of a spec that decide the prepared data (the model and the training defaults do not)
+DATA_KEYS = ("source", "tasks", "features", "split")
+
+
+def _spec_value(value: Any) -> bool:
+    return isinstance(value, (str, Mapping))
+
+
+class SpecBenchmark(Benchmark):
+    """A multi-task problem on the user's data, from a spec file (``--spec FILE``) or a spec mapping."""
+
+    name = "spec"
+    description = "your own data described by a task spec (mtlflow prepare --spec FILE; docs: guides/your-data)"
+    tasks_from = "the task spec (--spec FILE)"
+    config_fields = {
+        "spec": ConfigField(None, "the task spec: a YAML file's path or URI, or its content as a mapping", _spec_value,
+                            "a spec file path or a mapping"),
+        "rev": ConfigField(None, "the git revision of the spec's DVC-tracked table (overrides source.rev)",
+                           lambda v: v is None or (isinstance(v, str) and v != ""), "a git revision"),
+        # recorded with a trained model, so that evaluation and export rebuild it before reading any data
+        "schema": ConfigField(None, "the prepared data's schema (feature width, classes, target statistics); set "
+                                    "by prepare and load, not given by hand", lambda v: v is None or
+                              isinstance(v, Mapping), "a mapping"),
+    }
+
+    def __init__(self, **config: Any):
+        super().__init__(**config)
+        value = self.config["spec"]
+        if value is None:
+            raise InvalidParameterError("the spec benchmark needs a task spec: pass --spec FILE (or data_options "
+                                        "spec=FILE)")
+        spec = read_spec(value) if isinstance(value, str) else parse_spec(value)
+        self.spec: DataSpec = with_revision(spec, self.config["rev"]) if self.config["rev"] else spec
+        # the manifest stores the spec whole (the revision folded in), so the data alone rebuilds this benchmark
+        schema = self.config["schema"]
+        self.config = {"spec": self.spec.model_dump(mode="json")}
+        if schema is not None:
+            self.config["schema"] = dict(schema)
+        self.train_defaults = dict(self.spec.train)
+
+    @property
+    def schema(self) -> dict[str, Any] | None:
+        """What the prepared data says about itself (feature width, classes, target statistics); known after
+        prepare or load, and kept in the configuration that run directories and saved models record."""
+        return self.config.get("schema")
+
+    @property
+    def label(self) -> str:
+        return self.spec.name
+
+    @property
+    def tasks(self) -> list[TaskSpec]:
+        references = (self.schema or {}).get("hv_reference", {})
+        out = []
+        for entry in self.spec.tasks:
+            kind = TASK_TYPES[entry.type]
+            metrics = tuple(m for m in kind.metrics if entry.metrics is None or m.name in entry.metrics)
+            reference = entry.hv_reference if entry.hv_reference is not None else references.get(entry.name)
+            if reference is None and kind.hv_reference is None:
+                reference = math.nan  # a regression reference comes from the prepared data's statistics
+            out.append(kind.task(entry.name, metrics=metrics, primary=entry.primary, hv_reference=reference))
+        return out
+
+    def data_identity(self) -> dict[str, Any]:
+        """The spec plus the SHA-256 of its table: a new version of the table is new data."""
+        return {"spec": self.config["spec"], "table_sha256": read_source(self.spec).sha256}
+
+    # -- prepare -------------------------------------------------------------------------------------
+    def write_data(self, out_dir: Path) -> dict[str, Any]:
+        spec, where = self.spec, location_of(self.spec)
+        source = read_source(spec)
+        table, skipped = source.table, 0
+        if spec.modality == "molecules":
+            table, graphs, skipped = molecule_graphs(spec, table)
+        labels = {t.name: encode_task(table, t, i, where) for i, t in enumerate(spec.tasks)}
+        codes = split_codes(spec, table, labels)
+        train = codes == 0
+        counts = {t.name: {s: labelled_rows(labels[t.name].values[codes == c]) for c, s in enumerate(SPLITS)}
+                  for t in spec.tasks}
+        for index, entry in enumerate(spec.tasks):
+            if counts[entry.name]["train"] == 0:
+                raise where.error(("tasks", index), f"task {entry.name!r} has no labelled row in the train split; "
+                                                    "fill its labels or change the split")
+        statistics = {t.name: regression_statistics(labels[t.name].values, train, where, i)
+                      for i, t in enumerate(spec.tasks) if t.type == "regression"}
+        schema: dict[str, Any] = {
+            "modality": spec.modality,
+            "rows": int(table.num_rows),
+            "tasks": [{"name": t.name, "type": t.type, **labels[t.name].info} for t in spec.tasks],
+            "target_statistics": statistics,
+            "hv_reference": {name: 2 * s["std"] for name, s in statistics.items()},
+        }
+        label_matrix = [labels[t.name].values for t in spec.tasks]
+        if spec.modality == "molecules":
+            from mtlflow.benchmarks._graphs import GRAPHS_FILE, pack_graphs
+
+            if any(t.type == "multilabel" for t in spec.tasks):
+                raise where.error(("tasks",), "molecule tables take binary, multiclass and regression tasks; split a "
+                                              "multilabel task into one binary task per label")
+            store = pack_graphs(graphs, np.stack([v.astype(np.float64) for v in label_matrix], axis=1),
+                                range(table.num_rows))
+            torch.save(store, out_dir / GRAPHS_FILE)
+        else:
+            features, schema["features"] = encode_features(spec, table, train)
+            np.save(out_dir / "features.npy", features)
+            np.savez(out_dir / "labels.npz", **{f"task{i}": v for i, v in enumerate(label_matrix)})
+        np.save(out_dir / "split.npy", codes)
+        (out_dir / SCHEMA_FILE).write_text(json.dumps(schema, indent=2) + "\n")
+        return {"label": spec.name, "source": {"table": source.origin, "sha256": source.sha256,
+                                               "rows": int(source.table.num_rows)},
+                "invalid_smiles_skipped": skipped, "split_sizes": {s: int((codes == c).sum()) for c, s in
+                                                                   enumerate(SPLITS)},
+                "label_counts": counts}
+
+    # -- load ----------------------------------------------------------------------------------------
+    def load(self, data_dir: str | Path, verify: bool = True):
+        from mtlflow.benchmarks.base import read_manifest
+
+        prepared = read_manifest(data_dir).get("config", {}).get("spec", {})
+        mine = self.config["spec"]
+        changed = [k for k in DATA_KEYS if prepared.get(k) != mine.get(k)]
+        if changed:
+            raise DataError(f"{data_dir} was prepared from another spec ({', '.join(changed)} differ); prepare it "
+                            f"again: mtlflow prepare --spec FILE --out {data_dir} --overwrite")
+        return super().load(data_dir, verify)
+
+    def read_splits(self, data_dir: Path) -> dict[str, Dataset]:
+        fix = f"re-run `mtlflow prepare --spec FILE --out {data_dir} --overwrite`"
+        schema_path = data_dir / SCHEMA_FILE
+        try:
+            self.config["schema"] = json.loads(schema_path.read_text())
+            codes = torch.from_numpy(np.load(data_dir / "split.npy").astype(np.int64))
+        except (OSError, ValueError) as exc:
+            raise DataError(f"prepared spec data in {data_dir} is incomplete or corrupt ({exc}); {fix}") from None
+        rows = {s: torch.nonzero(codes == c).flatten() for c, s in enumerate(SPLITS)}
+        if self.spec.modality == "molecules":
+            from mtlflow.benchmarks._graphs import GraphDataset, load_store
+
+            store = load_store(data_dir, self.spec.name, fix)
+            return {s: GraphDataset(store, r, store["y"], complete=False) for s, r in rows.items()}
+        try:
+            x = torch.from_numpy(np.load(data_dir / "features.npy"))
+            with np.load(data_dir / "labels.npz") as blob:
+                raw = [blob[f"task{i}"] for i in range(len(self.spec.tasks))]
+        except (OSError, ValueError, KeyError) as exc:
+            raise DataError(f"prepared spec data in {data_dir} is incomplete or corrupt ({exc}); {fix}") from None
+        targets = [self._targets(entry, torch.from_numpy(values)) for entry, values in zip(self.spec.tasks, raw)]
+        return {s: BatchedTensorDataset(x[r], [t[r] for t in targets]) for s, r in rows.items()}
+
+    def _targets(self, entry: TaskEntry, values: Tensor) -> Tensor:
+        """A task's stored labels as its loss takes them (regression: standardised, paired with the scale)."""
+        if entry.type == "multiclass":
+            return values.long()
+        if entry.type == "regression":
+            stats = self.schema["target_statistics"][entry.name]
+            return with_scale(((values - stats["mean"]) / stats["std"]).float(), torch.tensor(stats["std"]))
+        return values.float()
+
+    def unpack(self, batch: Any) -> tuple[Any, list[Tensor]]:
+        if self.spec.modality == "table":
+            return super().unpack(batch)
+        columns = batch.y.unbind(dim=1)  # graphs carry the raw label columns; shape them per task here
+        return batch, [self._targets(entry, column) for entry, column in zip(self.spec.tasks, columns)]
+
+    def make_loader(self, dataset: Dataset, batch_size: int, shuffle: bool = False,
+                    generator: torch.Generator | None = None, num_workers: int = 0,
+                    pin_memory: bool = False) -> DataLoader:
+        if self.spec.modality == "molecules":
+            from torch_geometric.loader import DataLoader as GraphDataLoader
+
+            return GraphDataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
+                                   num_workers=num_workers, pin_memory=pin_memory,
+                                   worker_init_fn=seed_worker if num_workers else None)
+        return DataLoader(dataset, batch_sampler=IndexBatches(len(dataset), batch_size, shuffle, generator),
+                          collate_fn=batch_as_is, num_workers=num_workers, pin_memory=pin_memory,
+                          worker_init_fn=seed_worker if num_workers else None)
+
+    # -- model ---------------------------------------------------------------------------------------
+    def make_model(self, task_names: Sequence[str] | None = None) -> MultiTaskModel:
+        if self.schema is None:
+            raise InvalidParameterError(f"the model of spec {self.spec.name!r} is sized by its prepared data; prepare "
+                                        "it first (mtlflow prepare --spec FILE --out DIR) and pass --data DIR")
+        selected = self.select_tasks(task_names)
+        names = [t.name for t in selected]
+        if self.spec.model.factory is not None:
+            return self._model_from_factory(names)
+        outputs = [self._output_size(name) for name in names]
+        model_spec = self.spec.model
+        if self.spec.modality == "molecules":
+            from mtlflow.benchmarks._molgraphs import categorical_vocab_sizes
+            from mtlflow.models.mpnn import MPNNTrunk
+
+            node_vocab, edge_vocab = categorical_vocab_sizes()
+            trunk: nn.Module = MPNNTrunk(dim=model_spec.hidden[0], node_vocab=node_vocab, edge_vocab=edge_vocab)
+        else:
+            from mtlflow.models.mlp import MLPTrunk
+
+            trunk = MLPTrunk(self.schema["features"]["width"], model_spec.hidden, model_spec.dropout)
+        return MultiTaskModel(trunk, [nn.Linear(trunk.out_features, n) for n in outputs], names)
+
+    def _output_size(self, task: str) -> int:
+        info = next(t for t in self.schema["tasks"] if t["name"] == task)
+        return len(info.get("classes") or info.get("labels") or [None])
+
+    def _model_from_factory(self, names: list[str]) -> MultiTaskModel:
+        where = location_of(self.spec)
+        module_name, _, function_name = self.spec.model.factory.partition(":")
+        try:
+            function = getattr(importlib.import_module(module_name), function_name)
+        except Exception as exc:  # the user's module may raise anything while importing
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__
+            raise where.error(("model", "factory"), f"cannot import {self.spec.model.factory} ({reason}); fix the "
+                                                    "module path or install the package") from None
+        model = function(self.spec, {**self.schema, "selected_tasks": names})
+        if not isinstance(model, MultiTaskModel):
+            raise where.error(("model", "factory"), f"{self.spec.model.factory} returned {type(model).__name__}, not a "
+                                                    "mtlflow.models.MultiTaskModel")
+        if list(model.task_names) != names:
+            raise where.error(("model", "factory"), f"{self.spec.model.factory} built heads for {model.task_names}, "
+                                                    f"but the run trains {names}; build one head per task, in order")
+        return model
+
+
+def molecule_graphs(spec: DataSpec, table: Any) -> tuple[Any, list[Any], int]:
+    """The table's rows whose SMILES parse, their graphs and how many were skipped (above
+    ``source.max_invalid_share`` the spec fails)."""
+    from mtlflow.benchmarks._molgraphs import categorical_graph_from_smiles
+    from mtlflow.benchmarks._spec.tables import as_strings, column
+
+    where = location_of(spec)
+    smiles = as_strings(column(table, spec.source.smiles, where, ("source", "smiles")))
+    graphs, keep = [], []
+    for row, text in enumerate(smiles):
+        graph = categorical_graph_from_smiles(text) if text else None
+        if graph is not None and len(graph.x) > 0:
+            graphs.append(graph)
+            keep.append(row)
+    skipped = len(smiles) - len(keep)
+    if skipped > spec.source.max_invalid_share * len(smiles):
+        raise where.error(("source", "smiles"), f"{skipped} of {len(smiles)} SMILES do not parse (above "
+                                                f"max_invalid_share {spec.source.max_invalid_share:g}); clean the "
+                                                "column or raise source.max_invalid_share")
+    return table.take(keep), graphs, skipped
+
+
+def labelled_rows(values: np.ndarray) -> int:
+    """Rows with a label (multilabel: with at least one)."""
+    present = values >= 0 if values.dtype.kind == "i" else ~np.isnan(values)
+    return int(present.any(axis=1).sum() if present.ndim == 2 else present.sum())
+
+
+def regression_statistics(values: np.ndarray, train: np.ndarray, where: Any, index: int) -> dict[str, float]:
+    """Mean and standard deviation of a target over its labelled training rows."""
+    known = values[train & ~np.isnan(values)]
+    std = float(known.std()) if len(known) > 1 else 0.0
+    if std == 0:
+        raise where.error(("tasks", index), "the regression target is constant over the training split; nothing to "
+                                            "learn (remove the task or fix the column)")
+    return {"mean": float(known.mean()), "std": std}
+
+
+class BatchedTensorDataset(MultiTaskTensorDataset):
+    """Tensor rows gathered a whole batch at a time (``__getitems__``): one index operation per tensor."""
+
+    def __getitems__(self, indices: Sequence[int] | Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        index = torch.as_tensor(indices, dtype=torch.int64)
+        return self.inputs[index], tuple(t[index] for t in self.targets)
+
+
+class IndexBatches(Sampler):
+    """Batches of row indices as tensors: a seeded permutation (``shuffle``) or the rows in order."""
+
+    def __init__(self, n_rows: int, batch_size: int, shuffle: bool, generator: torch.Generator | None):
+        self.n_rows, self.batch_size, self.shuffle, self.generator = n_rows, batch_size, shuffle, generator
+
+    def __len__(self) -> int:
+        return math.ceil(self.n_rows / self.batch_size)
+
+    def __iter__(self):
+        order = torch.randperm(self.n_rows, generator=self.generator) if self.shuffle else torch.arange(self.n_rows)
+        yield from order.split(self.batch_size)
+
+
+def batch_as_is(batch: Any) -> Any:
+    """The collate function of batches a dataset already gathered."""
+    return batch
