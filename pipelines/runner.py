@@ -185,6 +185,9 @@ def run_local(params: Mapping[str, Any], workdir: str | Path = "runs/pipeline", 
     check_output_dir(workdir, "--workdir")
     if storage_root is not None:
         check_output_dir(storage_root, "--storage-root")
+    spec = str(params.get("spec") or "")
+    if spec and "://" not in spec:  # the tasks run in other processes: a spec path relative to here, made absolute
+        params = {**params, "spec": str(Path(spec).resolve())}
     config = pipeline_config(name, params)
     # One torch thread per task and as many concurrent tasks as cores: oversubscribed intra-op
     # threads made a 4-way parallel CPU run 3-4x slower than this.

@@ -1,7 +1,8 @@
 """The project's dvc.yaml on a tiny params.yaml in a throw-away git+DVC repository:
 `dvc exp run -S dvc.experiment_method=fairgrad` runs prepare -> train -> evaluate -> aggregate plus the
-research stage for the chosen method; then `dvc repro` is a no-op, and the prepared data survives a
-push to a local remote, a wiped cache and workspace, and a pull."""
+research stage for the chosen method; then `dvc repro` re-reads only the data's source, and the prepared
+data survives a push to a local remote, a wiped cache and workspace, and a pull. A task spec of a real
+table runs unchanged through `dvc repro`, and a new version of the table re-runs it."""
 
 from __future__ import annotations
 
@@ -34,6 +35,23 @@ def _dvc(cwd, *args):
     return _run([sys.executable, "-m", "dvc", *args], cwd)
 
 
+def assert_only_the_source_stage_runs(output: str) -> None:
+    """`dvc repro` with nothing changed: the source stage re-reads the inputs, every other stage is skipped."""
+    ran = [line for line in output.splitlines() if line.startswith("Running stage")]
+    assert ran == ["Running stage 'source':"], output
+    assert "Stage 'prepare' didn't change, skipping" in output
+
+
+def init_repo(repo: Path, remote: Path) -> None:
+    _run(["git", "init", "-q"], repo)
+    _run(["git", "config", "user.email", "ci@example.com"], repo)
+    _run(["git", "config", "user.name", "ci"], repo)
+    _dvc(repo, "init", "-q")
+    _dvc(repo, "remote", "add", "-d", "local", str(remote))
+    _run(["git", "add", "-A"], repo)
+    _run(["git", "commit", "-qm", "tiny mtlflow project"], repo)
+
+
 @pytest.mark.slow
 def test_dvc_exp_run_repro_push_pull_tiny(tmp_path):
     repo = tmp_path / "repo"
@@ -45,13 +63,7 @@ def test_dvc_exp_run_repro_push_pull_tiny(tmp_path):
                   train_options={"batch_size": 100})
     params["dvc"]["experiment_method"] = "ls"
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
-    _run(["git", "init", "-q"], repo)
-    _run(["git", "config", "user.email", "ci@example.com"], repo)
-    _run(["git", "config", "user.name", "ci"], repo)
-    _dvc(repo, "init", "-q")
-    _dvc(repo, "remote", "add", "-d", "local", str(tmp_path / "remote"))
-    _run(["git", "add", "-A"], repo)
-    _run(["git", "commit", "-qm", "tiny mtlflow project"], repo)
+    init_repo(repo, tmp_path / "remote")
 
     _dvc(repo, "exp", "run", "-S", "dvc.experiment_method=fairgrad")
     assert yaml.safe_load((repo / "params.yaml").read_text())["dvc"]["experiment_method"] == "fairgrad"
@@ -65,7 +77,7 @@ def test_dvc_exp_run_repro_push_pull_tiny(tmp_path):
     evaluated = json.loads((repo / "metrics" / "evaluate.json").read_text())["ls-s0"]
     assert evaluated == json.loads((repo / "metrics" / "train" / "ls-s0.json").read_text())
     assert (repo / "reports" / "latest" / "report.html").is_file()
-    assert "up to date" in _dvc(repo, "repro").stdout
+    assert_only_the_source_stage_runs(_dvc(repo, "repro").stdout)
 
     # data versioning: push, wipe the cache and the workspace copy, pull, verify
     manifest = json.loads((repo / "data" / "prepared" / "manifest.json").read_text())
@@ -78,3 +90,39 @@ def test_dvc_exp_run_repro_push_pull_tiny(tmp_path):
     _, restored = jobs.load_prepared(repo / "data" / "prepared", expected_hash=manifest["content_hash"])
     assert restored.content_hash == manifest["content_hash"]
     assert "prepare" not in _dvc(repo, "status", "prepare").stdout
+
+
+@pytest.mark.slow
+def test_a_spec_of_a_real_table_runs_in_dvc_repro_and_a_new_table_version_reruns_it(tmp_path):
+    import pandas as pd
+    from conftest import realdata
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copy(ROOT / "dvc.yaml", repo / "dvc.yaml")
+    clintox = pd.read_csv(realdata("chem", "clintox.csv"))
+    clintox.head(300).to_csv(repo / "clintox.csv", index=False)
+    (repo / "clintox.yaml").write_text(
+        "name: clintox\nsource: {table: clintox.csv, smiles: smiles}\n"
+        "tasks:\n  - {name: FDA_APPROVED, type: binary}\n  - {name: CT_TOX, type: binary}\n"
+        "model: {hidden: [16]}\n")
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params.update(spec="clintox.yaml", data_options={}, methods=["ls"], epochs=1,
+                  train_options={"batch_size": 100}, method_hparams={})
+    params["dvc"] = {"reference_tasks": ["FDA_APPROVED", "CT_TOX"], "experiment_method": "ls"}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    init_repo(repo, tmp_path / "remote")
+
+    _dvc(repo, "repro")
+    summary = json.loads((repo / "metrics" / "summary.json").read_text())
+    assert "delta_m" in summary["ls"]
+    assert "mtlflow report: clintox" in (repo / "reports" / "latest" / "report.html").read_text()
+    first = json.loads((repo / "data" / "prepared" / "manifest.json").read_text())
+    assert first["label"] == "clintox" and first["source"]["rows"] == 300
+    assert_only_the_source_stage_runs(_dvc(repo, "repro").stdout)
+
+    clintox.head(320).to_csv(repo / "clintox.csv", index=False)  # a new version of the table
+    rerun = _dvc(repo, "repro").stdout
+    assert "Running stage 'prepare'" in rerun and "Running stage 'aggregate'" in rerun
+    second = json.loads((repo / "data" / "prepared" / "manifest.json").read_text())
+    assert second["source"]["rows"] == 320 and second["content_hash"] != first["content_hash"]

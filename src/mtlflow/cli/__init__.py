@@ -14,7 +14,7 @@ import signal
 import sys
 from typing import Any, Sequence
 
-from mtlflow.cli import catalog, experiments, pipelines, runs
+from mtlflow.cli import catalog, experiments, pipelines, runs, specs
 from mtlflow.cli.common import OneLineParser
 from mtlflow.core.errors import MtlflowError, Terminated
 
@@ -23,7 +23,7 @@ def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="mtlflow", description="Multi-task learning optimisation: "
                                     "methods, benchmarks, training, evaluation and Kubeflow pipelines.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (catalog, runs, pipelines, experiments):
+    for group in (catalog, specs, runs, pipelines, experiments):
         group.register(sub)
     return parser
 

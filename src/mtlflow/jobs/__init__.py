@@ -232,7 +232,7 @@ def paper_reference_table(run: Mapping[str, Any], tasks: Sequence[str], wanted: 
 def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any]],
               method_set: Sequence[str] | None = None, split: str = "test",
               paper_references: bool | None = None) -> dict[str, Any]:
-    from mtlflow.metrics.scoring import delta_m, hypervolume, mean_rank, pareto_mask
+    from mtlflow.metrics.scoring import comparable_metrics, delta_m, hypervolume, mean_rank, pareto_mask
     from mtlflow.metrics.task import metric_error
     from mtlflow.pareto.front import attach_fronts
 
@@ -269,6 +269,8 @@ def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any
     if missing:
         raise InvalidParameterError(f"declared method set names {missing} but no run has that method; "
                                     f"runs have: {', '.join(sorted(by_method))}")
+    own_usable, own_excluded = comparable_metrics(references["metrics"]) if references else ({}, {})
+    paper_usable, paper_excluded = comparable_metrics(paper["metrics"]) if paper else ({}, {})
     rows: dict[str, dict[str, Any]] = {}
     for label, group in sorted(by_method.items()):
         finals = [g["metrics"]["final"][split] for g in group]
@@ -286,12 +288,12 @@ def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any
             "peak_memory_bytes": max(g["metrics"]["epochs"][-1]["peak_memory_bytes"] for g in group),
         }
         if references:
-            per_seed = [delta_m(f, references["metrics"], specs) for f in finals]
+            per_seed = [delta_m(f, references["metrics"], specs, own_usable) for f in finals]
             row["delta_m"] = statistics.fmean(per_seed)
             row["delta_m_std"] = statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0
             row["delta_m_per_seed"] = per_seed
         if paper:
-            per_seed = [delta_m(f, paper["metrics"], specs) for f in finals]
+            per_seed = [delta_m(f, paper["metrics"], specs, paper_usable) for f in finals]
             row["delta_m_paper"] = statistics.fmean(per_seed)
             row["delta_m_paper_std"] = statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0
             row["delta_m_paper_per_seed"] = per_seed
@@ -325,5 +327,7 @@ def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any
         "selection_rules": sorted({r["metrics"]["selection"]["rule"] for r in runs}),
         "references": references,
         "paper_references": paper,
+        # metrics Δm% leaves out: their reference is 0 or undefined (e.g. a single-task F1 of 0)
+        "delta_m_excluded": {"references": own_excluded, "paper_references": paper_excluded},
         "methods": rows,
     }

@@ -66,6 +66,9 @@ def markdown_summary(summary: Mapping[str, Any]) -> str:
                  for t, vals in refs["metrics"].items()) if refs else "none (Δm% not computed)"),
              *([f"- Δm% {summary['paper_references']['label']} references: "
                 f"{summary['paper_references']['source']}"] if summary.get("paper_references") else []),
+             *[f"- Δm% leaves out (reference 0 or undefined, against the {kind.replace('_', ' ')}): " + ", ".join(
+                 f"{t}/{m}" for t, names in excluded.items() for m in names)
+               for kind, excluded in summary.get("delta_m_excluded", {}).items() if excluded],
              "", markdown_table(summary)]
     for title, header, rows in front_tables(summary):
         parts += ["", f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

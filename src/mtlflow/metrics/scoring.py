@@ -45,6 +45,20 @@ def delta_m(values: MetricTable, references: MetricTable, specs: Specs,
     return 100.0 * float(np.mean(terms))
 
 
+def comparable_metrics(references: MetricTable) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """The metrics of each task that Δm% can use against ``references`` (not the loss; a reference of 0 or
+    NaN has no relative change: a single-task F1 of 0, a ROC-AUC on a split with one class) and those left
+    out, per task."""
+    usable: dict[str, list[str]] = {}
+    excluded: dict[str, list[str]] = {}
+    for task, ref_metrics in references.items():
+        names = [m for m in ref_metrics if m != "loss"]
+        usable[task] = [m for m in names if np.isfinite(ref_metrics[m]) and ref_metrics[m] != 0]
+        if len(usable[task]) < len(names):
+            excluded[task] = [m for m in names if m not in usable[task]]
+    return usable, excluded
+
+
 def rank_with_ties(scores: Sequence[float], higher_is_better: bool) -> list[float]:
     """Ranks (1 = best) with ties sharing their mean rank."""
     arr = np.asarray(scores, dtype=float)

@@ -133,3 +133,15 @@ def test_metric_error_orientation() -> None:
     assert metric_error(0.9, higher_is_better=True, unit_interval=True) == pytest.approx(0.1)
     assert metric_error(3.0, higher_is_better=True, unit_interval=False) == -3.0
     assert metric_error(2.5, higher_is_better=False, unit_interval=False) == 2.5
+
+
+def test_delta_m_leaves_out_metrics_whose_reference_has_no_relative_change() -> None:
+    from mtlflow.metrics.scoring import comparable_metrics
+
+    references = {"a": {"loss": 0.3, "f1": 0.0, "acc": 0.8, "roc_auc": float("nan")}, "b": {"mae": 2.0}}
+    usable, excluded = comparable_metrics(references)
+    assert usable == {"a": ["acc"], "b": ["mae"]} and excluded == {"a": ["f1", "roc_auc"]}
+    specs = {"a": {"acc": {"higher_is_better": True}}, "b": {"mae": {"higher_is_better": False}}}
+    values = {"a": {"acc": 0.88, "f1": 0.5}, "b": {"mae": 1.0}}
+    # by hand: acc +10 % (an improvement, -10), mae -50 % (-50): mean -30
+    assert delta_m(values, references, specs, usable) == pytest.approx(-30.0)

@@ -195,6 +195,9 @@ class DataSpec(_Strict):
                                  f"({', '.join(classes) or 'none'})")
         if self.model.trunk == "mpnn" and self.source.smiles is None:
             raise ValueError("model.trunk mpnn needs molecules: set source.smiles to the SMILES column")
+        if self.source.smiles is not None and (self.features.numeric or self.features.categorical):
+            raise ValueError("a molecule table's input is its SMILES column; drop features.numeric and "
+                             "features.categorical")
         if self.model.trunk == "mlp" and self.source.smiles is not None:
             raise ValueError("a molecule table trains the mpnn trunk; drop model.trunk or set it to mpnn")
         return self
@@ -223,6 +226,13 @@ class SpecLocation:
 
     def error(self, path: KeyPath, message: str) -> SpecError:
         return SpecError(f"{self.where(path)}: {message}")
+
+
+def spec_json_schema() -> dict[str, Any]:
+    """The JSON schema of a task spec file (``mtlflow config schema --of spec``; editors validate with it)."""
+    schema = DataSpec.model_json_schema()
+    schema["description"] = "mtlflow task spec: " + " ".join((DataSpec.__doc__ or "").split())
+    return schema
 
 
 def format_key_path(path: Sequence[str | int]) -> str:
