@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import warnings
 from typing import Any, Sequence
 
 from mtlflow.cli import catalog, experiments, pipelines, runs, specs
@@ -33,6 +34,9 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # torch_geometric scripts a module at import time and torch 2.14 deprecates that: a warning about a
+    # dependency's internals, printed to every user of the molecule data, which no user can act on
+    warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `train --nproc N` relaunches itself under torchrun

@@ -261,3 +261,29 @@ def test_data_of_another_spec_is_refused(tmp_path: Path) -> None:
     other = dict(bench.config["spec"], split={**bench.config["spec"]["split"], "seed": 9})
     with pytest.raises(DataError, match=r"was prepared from another spec \(split differ\)"):
         benchmarks.build("spec", spec=other).load(tmp_path / "data")
+
+
+# -- spec init -----------------------------------------------------------------------------------------
+def test_spec_init_reads_the_kinds_off_the_columns(tmp_path: Path) -> None:
+    from mtlflow.benchmarks._spec.infer import infer_spec
+
+    data = frame().assign(note=[f"free text {i}" for i in range(60)], split=["train"] * 40 + ["val", "test"] * 10)
+    data.to_csv(tmp_path / "t.csv", index=False)
+    (tmp_path / "specs").mkdir()
+    text = infer_spec(tmp_path / "t.csv", ["churned", "spend"],
+                      tmp_path / "specs" / "t.yaml")
+    spec = yaml.safe_load(text)
+    assert spec["source"] == {"table": "../t.csv"}  # relative to the spec's folder
+    assert spec["tasks"] == [{"name": "churned", "type": "binary"}, {"name": "spend", "type": "regression"}]
+    assert spec["features"] == {"numeric": ["age", "species", "customer"], "categorical": ["plan"]}
+    assert spec["split"] == {"column": "split"}
+    assert "# left out (more than 50 distinct text values, e.g. ids): note" in text
+    # the written spec prepares as it is
+    (tmp_path / "specs" / "t.yaml").write_text(text)
+    benchmarks.build("spec", spec=str(tmp_path / "specs" / "t.yaml")).prepare(tmp_path / "data")
+    with pytest.raises(SpecError, match=r"--tasks churn: not columns of .*t.csv \(columns: age, plan"):
+        infer_spec(tmp_path / "t.csv", ["churn"], tmp_path / "x.yaml")
+    molecules = pd.DataFrame({"SMILES": ["CCO", "c1ccccc1"], "toxic": [0, 1]})
+    molecules.to_csv(tmp_path / "m.csv", index=False)
+    spec = yaml.safe_load(infer_spec(tmp_path / "m.csv", ["toxic"], tmp_path / "m.yaml"))
+    assert spec["source"] == {"table": "m.csv", "smiles": "SMILES"} and "features" not in spec

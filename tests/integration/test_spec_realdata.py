@@ -1,0 +1,132 @@
+"""Task specs on real tables (read from ../shared/realdata, written to temporary files only): the docs'
+first-page commands end to end, a molecule table with missing labels, a multi-label Parquet table, a
+multi-target regression table, training two methods and resuming, and bad input at the command line."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from conftest import REPO_ROOT, realdata, run_cli, stderr_lines
+
+from mtlflow import jobs
+from mtlflow.benchmarks._tabular import read_arff
+
+TINY = {"batch_size": 64, "max_steps_per_epoch": 3, "progress": False}
+
+
+def first_page_commands() -> list[str]:
+    text = (REPO_ROOT / "docs" / "index.md").read_text()
+    block = re.search(r"## Your data, two commands.*?```bash\n(.*?)```", text, flags=re.S).group(1)
+    return [line for line in block.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_the_first_page_commands_give_a_report_comparing_methods_on_a_csv(tmp_path: Path) -> None:
+    """The two commands as the docs' first page prints them, on churn.csv made of real scm20d rows: a
+    binary task (price above its median) and a regression task, the other columns as features."""
+    table, names = read_arff(realdata("mtr", "scm20d.arff"))
+    frame = pd.DataFrame(table, columns=names).head(3000)
+    frame["churned"] = np.where(frame["LBL"] > frame["LBL"].median(), "yes", "no")
+    frame = frame.drop(columns=["LBL"]).rename(columns={"MTLp2A": "spend"})
+    frame.to_csv(tmp_path / "churn.csv", index=False)
+    commands = first_page_commands()
+    assert len(commands) == 2 and commands[0].startswith("mtlflow spec init churn.csv")
+    for command in commands:
+        proc = run_cli(*command.split()[1:], cwd=tmp_path, env={"MTLFLOW_CACHE": str(tmp_path / "cache")})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    spec = yaml.safe_load((tmp_path / "churn.yaml").read_text())
+    assert spec["tasks"] == [{"name": "churned", "type": "binary"}, {"name": "spend", "type": "regression"}]
+    summary = json.loads((tmp_path / "results" / "results" / "results.json").read_text())
+    assert summary["dataset"] == "churn" and set(summary["methods"]) == {"ls", "mgda", "famo", "fairgrad"}
+    assert all(np.isfinite(row["delta_m"]) for row in summary["methods"].values())
+    assert summary["pareto_set"] and (tmp_path / "results" / "report.html").is_file()
+    assert "report: " in proc.stdout
+
+
+def test_molecules_with_missing_labels_train_two_methods_and_resume(tmp_path: Path) -> None:
+    tox21 = pd.read_csv(realdata("chem", "tox21.csv")).head(400)
+    tox21.to_csv(tmp_path / "tox21.csv", index=False)
+    assays = [c for c in tox21.columns if c != "smiles"]
+    spec = {"name": "tox21-head", "source": {"table": "tox21.csv", "smiles": "smiles"},
+            "tasks": [{"name": a, "type": "binary"} for a in assays], "model": {"hidden": [16]}}
+    (tmp_path / "tox21.yaml").write_text(yaml.safe_dump(spec))
+    manifest = jobs.prepare("spec", tmp_path / "data", spec=str(tmp_path / "tox21.yaml"))
+    # every non-empty cell is a label, every empty one counts nowhere
+    counts = manifest["label_counts"]
+    assert manifest["invalid_smiles_skipped"] == 0
+    for assay in assays:
+        assert sum(counts[assay].values()) == tox21[assay].notna().sum()
+    assert sum(sum(c.values()) for c in counts.values()) < tox21[assays].size  # Tox21 has missing labels
+    for method in ("ls", "pcgrad"):
+        result = jobs.train(tmp_path / "data", tmp_path / method, method=method, epochs=1, **TINY)
+        assert all(np.isfinite(m["loss"]) for m in result["final"]["test"].values())
+    resumed = jobs.train(tmp_path / "data", tmp_path / "pcgrad", method="pcgrad", epochs=2, resume=True, **TINY)
+    history = json.loads((tmp_path / "pcgrad" / "metrics.json").read_text())["epochs"]
+    assert len(history) == 2 and resumed["final"]["test"].keys() == set(assays)
+
+
+def test_a_multilabel_parquet_table(tmp_path: Path) -> None:
+    table, names = read_arff(realdata("mlc", "yeast.orig.arff.gz"))
+    frame = pd.DataFrame(table, columns=names)
+    labels = [n for n in names if n.startswith("Class")]
+    frame[labels] = frame[labels].astype(int)
+    frame.to_parquet(tmp_path / "yeast.parquet", index=False)
+    spec = {"name": "yeast", "source": {"table": "yeast.parquet"},
+            "tasks": [{"name": "functions_a", "type": "multilabel", "columns": labels[:7]},
+                      {"name": "functions_b", "type": "multilabel", "columns": labels[7:]}],
+            "split": {"seed": 1}, "model": {"hidden": [32]}}
+    (tmp_path / "yeast.yaml").write_text(yaml.safe_dump(spec))
+    bench = jobs.prepare("spec", tmp_path / "data", spec=str(tmp_path / "yeast.yaml"))
+    assert bench["split_sizes"] == {"train": 1692, "val": 242, "test": 483}
+    for method in ("upgrad", "famo"):
+        result = jobs.train(tmp_path / "data", tmp_path / method, method=method, epochs=1, **TINY)
+        assert set(result["final"]["test"]["functions_a"]) == {"loss", "f1", "roc_auc", "acc"}
+
+
+def test_multi_target_regression_reports_original_units(tmp_path: Path) -> None:
+    table, names = read_arff(realdata("mtr", "atp1d.arff"))
+    targets = names[-6:]
+    pd.DataFrame(table, columns=names).to_csv(tmp_path / "atp1d.csv", index=False)
+    spec = {"name": "atp1d", "source": {"table": "atp1d.csv"},
+            "tasks": [{"name": t, "type": "regression"} for t in targets],
+            "features": {"numeric": names[:-6]}, "model": {"hidden": [32]}}
+    (tmp_path / "atp1d.yaml").write_text(yaml.safe_dump(spec))
+    jobs.prepare("spec", tmp_path / "data", spec=str(tmp_path / "atp1d.yaml"))
+    result = jobs.train(tmp_path / "data", tmp_path / "run", method="imtl", epochs=1, **TINY)
+    prices = pd.DataFrame(table, columns=names)[targets]
+    for target in targets:  # MAE in dollars: the order of the price's spread, not of standard units
+        assert 0.05 * prices[target].std() < result["final"]["test"][target]["mae"] < 5 * prices[target].std()
+
+
+@pytest.mark.parametrize("case", ["unknown_column", "syntax", "spec_and_benchmark", "missing_spec"])
+def test_bad_spec_input_is_one_line_exit_2_and_writes_nothing(case: str, tmp_path: Path) -> None:
+    tox21 = pd.read_csv(realdata("chem", "tox21.csv")).head(50)
+    tox21.to_csv(tmp_path / "tox21.csv", index=False)
+    spec = tmp_path / "tox21.yaml"
+    text = "name: t\nsource: {table: tox21.csv, smiles: smiles}\ntasks:\n  - {name: NR-AR, type: binary}\n"
+    args = ["prepare", "--spec", str(spec), "--out", str(tmp_path / "out")]
+    expected = ""
+    if case == "unknown_column":
+        text = text.replace("NR-AR", "NR-XX")
+        expected = "tox21.yaml:4: tasks[0].name: column 'NR-XX' is not in the table"
+    elif case == "syntax":
+        text += "  - {name: SR-MMP, type: binary\n"
+        expected = "tox21.yaml:6:"
+    elif case == "spec_and_benchmark":
+        args += ["--benchmark", "qm9"]
+        expected = "--spec describes the data, so --benchmark qm9 does not apply"
+    else:
+        args[2] = str(tmp_path / "nothere.yaml")
+        expected = "spec file not found"
+    spec.write_text(text)
+    proc = run_cli(*args, env={"MTLFLOW_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 2, proc.stderr
+    lines = stderr_lines(proc)
+    assert len(lines) == 1 and lines[0].startswith("mtlflow: error: ") and expected in lines[0], proc.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
