@@ -43,6 +43,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from mtlflow.experiments.bench import ENGINE_ROWS, SYNTHETIC, parse_task_counts, run_bench
     from mtlflow.experiments.trajectories import resolve_methods
 
+    if args.spec_data:
+        from mtlflow.experiments.spec_data_bench import run_spec_data_bench
+
+        run_spec_data_bench(args.out, rows=args.rows, columns=args.columns, batch_size=args.batch_size,
+                            steps=args.steps, warmup=args.warmup)
+        print(f"bench: wrote {Path(args.out) / 'spec_data.md'} and spec_data.json")
+        return 0
     names = resolve_methods(args.methods)
     summary = run_bench(args.out, names, parse_task_counts(args.tasks),
                         benchmark=args.benchmark or SYNTHETIC, steps=args.steps, warmup=args.warmup,
@@ -156,6 +163,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="method hyper-parameter (repeatable), e.g. nashmtl.update_weights_every=10")
     p.add_argument("--out", required=True, help="output directory (bench.json, bench.md)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--spec-data", action="store_true",
+                   help="instead: the your-data path on a synthetic --rows x --columns table (prepare time and peak "
+                        "memory; training samples/s against a hand-written loop); writes spec_data.md/.json")
+    p.add_argument("--rows", type=int, default=1_000_000, help="--spec-data: table rows (default 1,000,000)")
+    p.add_argument("--columns", type=int, default=50, help="--spec-data: table columns (default 50)")
     p.add_argument("--teleport", help="cost: also time each method + COST per epoch (overhead over the method)")
     p.add_argument("--teleport-option", action="append", metavar="KEY=VALUE",
                    help="COST option of the overhead runs (repeatable; default: the default budget, trigger=always)")

@@ -281,7 +281,10 @@ class Trainer:
 
     def train_step(self, batch: Any, epoch: int) -> dict[str, Any]:
         """One optimisation step on ``batch``; returns step telemetry (at least ``losses``)."""
-        self.model.train()
+        # evaluation (each epoch's end) and callbacks may leave modules in eval mode; reading the flags is a
+        # fraction of what Module.train() costs per step on a small model
+        if not all(module.training for module in self.model.modules()):
+            self.model.train()
         if self.method.custom_step:
             info = self.method.training_step(self, batch, epoch)
             self.global_step += 1
