@@ -34,19 +34,12 @@ REGISTRY: Registry[type[Benchmark]] = Registry("benchmark", "mtlflow.benchmarks"
 __all__ = ["Benchmark", "BenchmarkData", "MultiTaskModel", "TaskSpec", "available", "get", "build", "origin"]
 
 
-def available() -> list[str]:
-    """The built-in and installed plug-in benchmarks, sorted."""
-    return REGISTRY.names()
-
-
-def get(name: str) -> type[Benchmark]:
-    """The benchmark class of a name: built-in, entry point or import path ``module:Class``."""
-    return REGISTRY.get(name)
-
-
-def origin(name: str) -> str:
-    """Where benchmark ``name`` comes from: "mtlflow" for a built-in, else the plug-in's distribution."""
-    return REGISTRY.origin(name)
+#: the built-in and installed plug-in benchmarks, sorted
+available = REGISTRY.names
+#: the benchmark class of a name: built-in, entry point or import path ``module:Class``
+get = REGISTRY.get
+#: where a benchmark comes from: "mtlflow" for a built-in, else the plug-in's distribution
+origin = REGISTRY.origin
 
 
 def build(name: str, **config: Any) -> Benchmark:

@@ -45,19 +45,12 @@ class MethodInfo:
     hparams: dict[str, tuple[Any, str]]
 
 
-def available() -> list[str]:
-    """Names of the built-in and installed plug-in methods, sorted."""
-    return REGISTRY.names()
-
-
-def get(name: str) -> type[Method]:
-    """The method class of a name: built-in, entry point or import path ``module:Class``."""
-    return REGISTRY.get(name)
-
-
-def origin(name: str) -> str:
-    """Where method ``name`` comes from: "mtlflow" for a built-in, else the plug-in's distribution."""
-    return REGISTRY.origin(name)
+#: names of the built-in and installed plug-in methods, sorted
+available = REGISTRY.names
+#: the method class of a name: built-in, entry point or import path ``module:Class``
+get = REGISTRY.get
+#: where a method comes from: "mtlflow" for a built-in, else the plug-in's distribution
+origin = REGISTRY.origin
 
 
 def build(name: str, n_tasks: int, seed: int = 0, /, **hparams: Any) -> Method:
