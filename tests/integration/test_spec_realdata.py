@@ -87,6 +87,43 @@ def test_a_multilabel_parquet_table(tmp_path: Path) -> None:
     for method in ("upgrad", "famo"):
         result = jobs.train(tmp_path / "data", tmp_path / method, method=method, epochs=1, **TINY)
         assert set(result["final"]["test"]["functions_a"]) == {"loss", "f1", "roc_auc", "acc"}
+    jobs.train(tmp_path / "data", tmp_path / "famo", method="famo", epochs=2, resume=True, **TINY)
+    assert len(json.loads((tmp_path / "famo" / "metrics.json").read_text())["epochs"]) == 2
+
+
+def test_a_dvc_tracked_table_is_read_at_the_requested_revision(tmp_path: Path) -> None:
+    """source.repo + rev (and spec_rev, which overrides rev): the table as a git revision of a DVC repository
+    holds it, through dvc.api; a new revision is new data."""
+    import subprocess
+    import sys
+
+    from mtlflow.config.data import DataConfig
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def run(*args: str) -> None:
+        subprocess.run(args, cwd=repo, check=True, capture_output=True)
+
+    run("git", "init", "-q")
+    run("git", "config", "user.email", "ci@example.com")
+    run("git", "config", "user.name", "ci")
+    run(sys.executable, "-m", "dvc", "init", "-q")
+    clintox = pd.read_csv(realdata("chem", "clintox.csv"))
+    for rows, tag in ((120, "v1"), (160, "v2")):
+        clintox.head(rows).to_csv(repo / "clintox.csv", index=False)
+        run(sys.executable, "-m", "dvc", "add", "-q", "clintox.csv")
+        run("git", "add", "-A")
+        run("git", "commit", "-qm", tag)
+        run("git", "tag", tag)
+    spec = {"name": "clintox", "source": {"table": "clintox.csv", "repo": str(repo), "rev": "v1", "smiles": "smiles"},
+            "tasks": [{"name": "FDA_APPROVED", "type": "binary"}, {"name": "CT_TOX", "type": "binary"}]}
+    (tmp_path / "clintox.yaml").write_text(yaml.safe_dump(spec))
+    first = jobs.prepare("spec", tmp_path / "v1", spec=str(tmp_path / "clintox.yaml"))
+    assert first["source"]["rows"] == 120 and first["source"]["table"] == f"clintox.csv of {repo}@v1"
+    benchmark, options = DataConfig(spec=str(tmp_path / "clintox.yaml"), spec_rev="v2").preparation()
+    second = jobs.prepare(benchmark, tmp_path / "v2", **options)
+    assert second["source"]["rows"] == 160 and second["content_hash"] != first["content_hash"]
 
 
 def test_multi_target_regression_reports_original_units(tmp_path: Path) -> None:

@@ -220,9 +220,9 @@ class NeedsJacobian(GradientMethod):
 
 @pytest.fixture
 def test_methods(monkeypatch: pytest.MonkeyPatch) -> None:
-    registry = dict(method_registry._registry())
-    registry.update({CountingMinNorm.name: CountingMinNorm, NeedsJacobian.name: NeedsJacobian})
-    monkeypatch.setattr(method_registry, "_REGISTRY", registry)
+    builtins = {**method_registry.REGISTRY.builtins(), CountingMinNorm.name: CountingMinNorm,
+                NeedsJacobian.name: NeedsJacobian}
+    monkeypatch.setattr(method_registry.REGISTRY, "_builtins", builtins)
     CountingMinNorm.solves = 0
 
 
