@@ -20,8 +20,11 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/mtlflow pipeline run --local --params-file pipelines/demo.yaml --workdir demo
 
+# One pytest worker per core (pytest-xdist): the suite runs mostly one core at a time (subprocesses, small models),
+# so two workers on the 2-core machine take it from 18 to 12 minutes. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= auto
 test: install test-deps docs
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS)
 
 # The documentation site, strict: a broken link, page or docstring reference fails the build (and `make test`).
 export NO_MKDOCS_2_WARNING := 1
