@@ -1,27 +1,58 @@
 """`mtlflow pipeline submit` / `schedule` against a loopback HTTP server standing in for the KFP API.
 
-No Kubeflow Pipelines API server can run on this machine, so the tests start a tiny HTTP server on
-127.0.0.1 that answers the KFP v2beta1 REST calls kfp.Client makes (experiments, runs, recurring
-runs) and records every request; the assertions are on what the client sent.
+No Kubeflow Pipelines API server can run on this machine, so the tests start a small HTTP server on
+127.0.0.1 that implements the KFP v2beta1 REST endpoints kfp.Client calls (healthz, experiments,
+pipelines and their versions with multipart uploads, runs, recurring runs with list filters and
+delete), keeps their objects in memory and records every request; the assertions are on what the
+real kfp.Client sent and on the objects left on the fake server.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
+import os
+import subprocess
+import sys
 import threading
+from email.parser import BytesParser
+from email.policy import default as email_policy
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+import yaml
 
 from mtlflow.cli import main
 
 RETRAIN_PARAMS = ["--param", "method=famo", "--param", "epochs=2", "--param", "hparams={}"]
+API = "/apis/v2beta1"
+
+
+def _matches(item: dict, query: dict) -> bool:
+    """The EQUALS predicates of a KFP list filter (the only operation sent here; protojson takes the enum's
+    name, which mtlflow sends, or its number 1, which kfp.Client sends)."""
+    if "filter" not in query:
+        return True
+    predicates = json.loads(query["filter"][0])["predicates"]
+    assert all(p["operation"] in ("EQUALS", 1) for p in predicates), predicates
+    return all(item.get(p["key"]) == p["stringValue"] for p in predicates)
 
 
 class FakeKfpApi(BaseHTTPRequestHandler):
     requests: list = []
     fail_runs = False
+    ids = itertools.count(1)
+    experiments: dict = {}
+    pipelines: dict = {}
+    versions: dict = {}  # version id -> {pipeline_id, pipeline_version_id, display_name, content}
+    recurring_runs: dict = {}
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.requests, cls.fail_runs, cls.ids = [], False, itertools.count(1)
+        cls.experiments, cls.pipelines, cls.versions, cls.recurring_runs = {}, {}, {}, {}
 
     def log_message(self, *args):  # keep pytest output clean
         pass
@@ -34,41 +65,87 @@ class FakeKfpApi(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _record(self, body=None):
+    def _new_id(self, kind: str) -> str:
+        return f"{kind}-{next(self.ids)}"
+
+    def _read(self):
         url = urlparse(self.path)
-        self.requests.append({"method": self.command, "path": url.path, "query": parse_qs(url.query),
+        length = int(self.headers.get("Content-Length", 0))
+        raw = self.rfile.read(length) if length else b""
+        ctype = self.headers.get("Content-Type", "")
+        if ctype.startswith("multipart/form-data"):
+            message = BytesParser(policy=email_policy).parsebytes(f"Content-Type: {ctype}\r\n\r\n".encode() + raw)
+            body = {part.get_param("name", header="content-disposition"): part.get_payload(decode=True)
+                    for part in message.iter_parts()}
+        else:
+            body = json.loads(raw or b"{}")
+        query = parse_qs(url.query)
+        self.requests.append({"method": self.command, "path": url.path, "query": query,
                               "auth": self.headers.get("Authorization"), "body": body})
+        return url.path, query, body
 
     def do_GET(self):
-        self._record()
-        if self.path.startswith("/apis/v2beta1/healthz"):
+        path, query, _ = self._read()
+        listings = {f"{API}/experiments": ("experiments", self.experiments),
+                    f"{API}/pipelines": ("pipelines", self.pipelines),
+                    f"{API}/recurringruns": ("recurringRuns", self.recurring_runs)}
+        if path == f"{API}/healthz":
             return self._reply(200, {"multi_user": False})
-        if self.path.startswith("/apis/v2beta1/experiments"):
-            return self._reply(200, {"experiments": []})
+        if path in listings:
+            key, items = listings[path]
+            found = [i for i in items.values() if _matches(i, query)
+                     and ("experiment_id" not in query or i.get("experiment_id") == query["experiment_id"][0])]
+            return self._reply(200, {key: found} if found else {})
+        if path.startswith(f"{API}/pipelines/") and path.endswith("/versions"):
+            pipeline_id = path.split("/")[-2]
+            found = [{k: v for k, v in i.items() if k != "content"} for i in self.versions.values()
+                     if i["pipeline_id"] == pipeline_id and _matches(i, query)]
+            return self._reply(200, {"pipeline_versions": found} if found else {})
         return self._reply(404, {"error": "not found"})
 
     def do_POST(self):
-        length = int(self.headers.get("Content-Length", 0))
-        body = json.loads(self.rfile.read(length) or b"{}")
-        self._record(body)
-        path = urlparse(self.path).path
-        if path == "/apis/v2beta1/experiments":
-            return self._reply(200, {"experiment_id": "exp-1", "display_name": body["display_name"]})
-        if path == "/apis/v2beta1/runs":
+        path, query, body = self._read()
+        if path == f"{API}/experiments":
+            exp = {"experiment_id": self._new_id("exp"), "display_name": body["display_name"]}
+            self.experiments[exp["experiment_id"]] = exp
+            return self._reply(200, exp)
+        if path == f"{API}/pipelines/upload":
+            pipeline = {"pipeline_id": self._new_id("pipeline"), "display_name": query["name"][0]}
+            self.pipelines[pipeline["pipeline_id"]] = pipeline
+            # like the server: the pipeline's first version, named after the pipeline
+            self._add_version(pipeline["pipeline_id"], query["name"][0], body["uploadfile"])
+            return self._reply(200, pipeline)
+        if path == f"{API}/pipelines/upload_version":
+            version = self._add_version(query["pipelineid"][0], query["name"][0], body["uploadfile"])
+            return self._reply(200, {k: v for k, v in version.items() if k != "content"})
+        if path == f"{API}/runs":
             if self.fail_runs:
                 return self._reply(500, {"error": "internal"})
-            return self._reply(200, {"run_id": "run-1", "display_name": body["display_name"]})
-        if path == "/apis/v2beta1/recurringruns":
-            return self._reply(200, {"recurring_run_id": "rr-1", "display_name": body["display_name"]})
+            return self._reply(200, {"run_id": self._new_id("run"), "display_name": body["display_name"]})
+        if path == f"{API}/recurringruns":
+            recurring = {**body, "recurring_run_id": self._new_id("rr")}
+            self.recurring_runs[recurring["recurring_run_id"]] = recurring
+            return self._reply(200, recurring)
         return self._reply(404, {"error": "not found"})
+
+    def do_DELETE(self):
+        path, _, _ = self._read()
+        if path.startswith(f"{API}/recurringruns/") and self.recurring_runs.pop(path.rsplit("/", 1)[1], None):
+            return self._reply(200, {})
+        return self._reply(404, {"error": "not found"})
+
+    def _add_version(self, pipeline_id: str, name: str, content: bytes) -> dict:
+        version = {"pipeline_id": pipeline_id, "pipeline_version_id": self._new_id("version"), "display_name": name,
+                   "content": content}
+        self.versions[version["pipeline_version_id"]] = version
+        return version
 
 
 @pytest.fixture
 def kfp_api(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.config/kfp/context.json of the machine
     monkeypatch.setenv("MTLFLOW_KFP_TOKEN", "test-token")
-    FakeKfpApi.requests = []
-    FakeKfpApi.fail_runs = False
+    FakeKfpApi.reset()
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeKfpApi)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
@@ -77,38 +154,105 @@ def kfp_api(monkeypatch, tmp_path):
     server.server_close()
 
 
-def test_submit_creates_the_experiment_and_one_run(kfp_api, capsys):
+def _last_json(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def _uploads(api) -> list:
+    return [r for r in api.requests if r["path"].startswith(f"{API}/pipelines/upload")]
+
+
+def test_submit_uploads_one_version_per_pipeline_content_and_runs_it(kfp_api, capsys):
     host, api = kfp_api
     assert main(["pipeline", "submit", "--host", host, "--experiment", "retrain-ci", "--run-name", "ci-42",
                  *RETRAIN_PARAMS]) == 0
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out == {"run_id": "run-1", "run_name": "ci-42", "experiment": "retrain-ci"}
-    health, lookup, created, run = api.requests
-    assert health["path"] == "/apis/v2beta1/healthz"
-    assert lookup["method"] == "GET" and "retrain-ci" in lookup["query"]["filter"][0]
-    assert created["body"]["display_name"] == "retrain-ci"
-    assert run["path"] == "/apis/v2beta1/runs" and run["auth"] == "Bearer test-token"
-    body = run["body"]
-    assert body["experiment_id"] == "exp-1" and body["display_name"] == "ci-42"
+    first = _last_json(capsys)
+    assert api.requests[0]["path"] == f"{API}/healthz"
+    pipeline_upload, version_upload = _uploads(api)
+    assert pipeline_upload["query"]["name"] == ["mtlflow-retrain"]
+    content = version_upload["body"]["uploadfile"]
+    spec, platform = yaml.safe_load_all(content)
+    # the version is named by the uploaded package's content, computed here from what the server received
+    assert version_upload["query"]["name"] == [f"mtlflow-retrain-{hashlib.sha256(content).hexdigest()[:16]}"]
+    assert version_upload["query"]["pipelineid"] == [first["pipeline_id"]]
     # the IR and its Kubernetes platform spec (PVCs, Secret, GPU scheduling) travel together
-    assert body["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == "mtlflow-retrain"
-    executors = body["pipeline_spec"]["platform_spec"]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert spec["pipelineInfo"]["name"] == "mtlflow-retrain"
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert executors["exec-prepare-data"]["secretAsEnv"][0]["secretName"] == "mtlflow-dvc-remote"
+    run = api.requests[-1]
+    assert run["path"] == f"{API}/runs" and run["auth"] == "Bearer test-token"
+    body = run["body"]
+    [experiment] = api.experiments.values()
+    assert experiment["display_name"] == "retrain-ci"
+    assert body["display_name"] == "ci-42" and body["experiment_id"] == experiment["experiment_id"]
+    assert body.get("pipeline_spec") is None  # the run refers to the uploaded version, it embeds no spec
+    assert body["pipeline_version_reference"] == {"pipeline_id": first["pipeline_id"],
+                                                  "pipeline_version_id": first["pipeline_version_id"]}
     assert body["runtime_config"]["parameters"] == {"method": "famo", "epochs": 2, "hparams": {}}
+    assert first["run_name"] == "ci-42" and first["experiment"] == "retrain-ci"
+
+    # the same content again: nothing uploaded, the run uses the same version
+    assert main(["pipeline", "submit", "--host", host, "--run-name", "ci-43", *RETRAIN_PARAMS]) == 0
+    second = _last_json(capsys)
+    assert len(_uploads(api)) == 2
+    assert second["pipeline_version_id"] == first["pipeline_version_id"] != second["run_id"]
+    assert api.requests[-1]["body"]["pipeline_version_reference"]["pipeline_version_id"] == first["pipeline_version_id"]
+
+    # --no-cache is other content: one new version of the same pipeline, every task (nested DAGs too) uncached
+    assert main(["pipeline", "submit", "--host", host, "--no-cache", *RETRAIN_PARAMS]) == 0
+    uncached = _last_json(capsys)
+    assert len(_uploads(api)) == 3 and _uploads(api)[-1]["path"] == f"{API}/pipelines/upload_version"
+    assert uncached["pipeline_id"] == first["pipeline_id"]
+    assert uncached["pipeline_version_id"] != first["pipeline_version_id"]
+    spec = next(yaml.safe_load_all(api.versions[uncached["pipeline_version_id"]]["content"]))
+    dags = [spec["root"]["dag"], *(c["dag"] for c in spec["components"].values() if "dag" in c)]
+    assert len(dags) > 1 and all(not t.get("cachingOptions", {}).get("enableCache")
+                                 for dag in dags for t in dag["tasks"].values())
+    cached = next(yaml.safe_load_all(api.versions[first["pipeline_version_id"]]["content"]))
+    assert any(t.get("cachingOptions", {}).get("enableCache")
+               for c in cached["components"].values() for t in c.get("dag", {}).get("tasks", {}).values())
 
 
-def test_schedule_creates_a_recurring_run_without_overlap_or_catch_up(kfp_api, capsys):
+def _schedule(host: str, *extra: str) -> list[str]:
+    return ["pipeline", "schedule", "--host", host, "--param", "epochs=3", *extra]
+
+
+def test_schedule_keeps_one_recurring_run_per_name(kfp_api, capsys):
     host, api = kfp_api
-    assert main(["pipeline", "schedule", "--host", host, "--cron", "0 0 3 * * *", "--param", "epochs=3"]) == 0
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out["recurring_run_id"] == "rr-1" and out["cron"] == "0 0 3 * * *"
-    recurring = api.requests[-1]
-    assert recurring["path"] == "/apis/v2beta1/recurringruns"
-    body = recurring["body"]
+    assert main(_schedule(host, "--cron", "0 0 3 * * *")) == 0
+    first = _last_json(capsys)
+    assert list(api.recurring_runs) == [first["recurring_run_id"]] and first["replaced"] == []
+    body = api.recurring_runs[first["recurring_run_id"]]
+    assert body["display_name"] == "benchmark_sweep-nightly"
     assert body["trigger"]["cron_schedule"]["cron"] == "0 0 3 * * *"
     assert int(body["max_concurrency"]) == 1 and body["no_catchup"] is True and body["mode"] == "ENABLE"
-    assert body["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == "mtlflow-benchmark-sweep"
+    assert body.get("pipeline_spec") is None
+    assert body["pipeline_version_reference"]["pipeline_version_id"] == first["pipeline_version_id"]
+    assert api.versions[first["pipeline_version_id"]]["display_name"].startswith("mtlflow-benchmark-sweep-")
     assert body["runtime_config"]["parameters"] == {"epochs": 3}
+
+    # the same call again: the same recurring run, nothing created or deleted
+    assert main(_schedule(host, "--cron", "0 0 3 * * *")) == 0
+    again = _last_json(capsys)
+    assert again["recurring_run_id"] == first["recurring_run_id"] and list(api.recurring_runs) == [first["recurring_run_id"]]
+    assert [r["method"] for r in api.requests if r["path"].startswith(f"{API}/recurringruns")][-1] == "GET"
+
+    # another cron replaces it: still one, the new one
+    assert main(_schedule(host, "--cron", "0 30 4 * * *")) == 0
+    moved = _last_json(capsys)
+    assert moved["replaced"] == [first["recurring_run_id"]] and list(api.recurring_runs) == [moved["recurring_run_id"]]
+    assert api.recurring_runs[moved["recurring_run_id"]]["trigger"]["cron_schedule"]["cron"] == "0 30 4 * * *"
+
+    # duplicates left by an older mtlflow (one recurring run per call) are cleaned up; other names are kept
+    experiment_id = api.recurring_runs[moved["recurring_run_id"]]["experiment_id"]
+    for rid, name in (("rr-old-1", "benchmark_sweep-nightly"), ("rr-old-2", "benchmark_sweep-nightly"),
+                      ("rr-other", "weekly")):
+        api.recurring_runs[rid] = {"recurring_run_id": rid, "display_name": name, "experiment_id": experiment_id}
+    assert main(_schedule(host, "--cron", "0 30 4 * * *")) == 0
+    cleaned = _last_json(capsys)
+    assert cleaned["recurring_run_id"] == moved["recurring_run_id"]
+    assert sorted(cleaned["replaced"]) == ["rr-old-1", "rr-old-2"]
+    assert sorted(api.recurring_runs) == sorted([moved["recurring_run_id"], "rr-other"])
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -136,6 +280,19 @@ def test_server_errors_are_one_line_with_their_own_exit_code(kfp_api, capsys):
     err = capsys.readouterr().err
     assert "creating the run" in err and "HTTP 500" in err and err.count("\n") == 1
     assert main(["pipeline", "submit", "--host", "kubeflow.example.com", *RETRAIN_PARAMS]) == 2
+
+
+def test_an_unreachable_host_is_one_line_naming_it(tmp_path):
+    """Through the real CLI in a subprocess: kfp.Client calls /healthz in its constructor (no
+    --namespace), which used to escape the error handling as a traceback."""
+    env = {**os.environ, "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    env.pop("MTLFLOW_KFP_TOKEN", None)
+    proc = subprocess.run([sys.executable, "-m", "mtlflow", "pipeline", "submit", "--host", "http://127.0.0.1:1",
+                           *RETRAIN_PARAMS], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 6
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("mtlflow: error: connecting to the KFP API at http://127.0.0.1:1 failed")
+    assert "check --host" in proc.stderr
 
 
 def test_ci_workflow_compiles_tests_and_submits_retrain_on_data_or_code_changes():

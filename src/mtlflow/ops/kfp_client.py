@@ -2,13 +2,20 @@
 retraining) or a recurring run (nightly sweeps), through ``kfp.Client``.
 
 Parameters are validated and the pipeline compiled *before* any request is sent, so an invalid
-sweep never reaches the cluster. Authentication: ``$MTLFLOW_KFP_TOKEN`` (a bearer token, e.g. a
-service-account token in CI) when set; otherwise kfp's own defaults (in-cluster credentials,
-``~/.config/kfp/context.json`` cookies).
+sweep never reaches the cluster. Runs start from an uploaded pipeline version, not an embedded
+spec: the pipeline is found by its IR name (uploaded on first use) and the version is named by the
+SHA-256 of the compiled package, so it is uploaded once per pipeline content and every run and
+recurring run links to the exact version it ran. ``schedule`` is idempotent: it keeps one recurring
+run per name in the experiment, replacing one whose version, cron or parameters differ.
+
+Authentication: ``$MTLFLOW_KFP_TOKEN`` (a bearer token, e.g. a service-account token in CI) when
+set; otherwise kfp's own defaults (in-cluster credentials, ``~/.config/kfp/context.json`` cookies).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import tempfile
 import time
@@ -19,6 +26,8 @@ from mtlflow.config.pipeline import validate_cron
 from mtlflow.core.errors import InvalidParameterError, MtlflowError
 
 TOKEN_ENV = "MTLFLOW_KFP_TOKEN"
+#: recurring runs listed per request when looking for those of one name (duplicates included)
+PAGE_SIZE = 100
 
 
 class SubmissionError(MtlflowError):
@@ -33,16 +42,6 @@ def _check_host(host: str) -> None:
                                     "e.g. https://kubeflow.example.com/pipeline")
 
 
-def _client(host: str, namespace: str | None = None) -> Any:
-    import warnings
-
-    import kfp
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # "only works with KFP v2.0.0-beta.2 and later"
-        return kfp.Client(host=host, namespace=namespace or "kubeflow", existing_token=os.environ.get(TOKEN_ENV) or None)
-
-
 def _call(what: str, host: str, func, *args, **kwargs):
     try:
         return func(*args, **kwargs)
@@ -55,41 +54,153 @@ def _call(what: str, host: str, func, *args, **kwargs):
                               f"the experiment/namespace and ${TOKEN_ENV}") from None
 
 
-def _compiled(pipeline: str, params: Mapping[str, Any], directory: Path) -> Path:
+def _client(host: str, namespace: str | None = None) -> Any:
+    """A ``kfp.Client``; its constructor already calls ``/healthz`` (without a namespace), so building it
+    is a request like any other and fails as one line."""
+    import logging
+    import warnings
+
+    import kfp
+
+    def connect():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # "only works with KFP v2.0.0-beta.2 and later"
+            # kfp logs every failed /healthz attempt with its traceback before retrying; the failure
+            # itself is reported by _call
+            logging.disable(logging.ERROR)
+            try:
+                return kfp.Client(host=host, namespace=namespace or "kubeflow",
+                                  existing_token=os.environ.get(TOKEN_ENV) or None)
+            finally:
+                logging.disable(logging.NOTSET)
+
+    return _call("connecting to the KFP API", host, connect)
+
+
+def _equals(key: str, value: str) -> str:
+    """A KFP API list filter selecting ``key == value``."""
+    return json.dumps({"predicates": [{"operation": "EQUALS", "key": key, "stringValue": value}]})
+
+
+def with_caching(package: Path, enabled: bool) -> Path:
+    """Set every task's cache option in the compiled ``package`` (root and nested DAGs, e.g. loop
+    bodies) to ``enabled``. A run started from a pipeline version cannot override caching (kfp's
+    ``enable_caching`` rewrites only embedded specs), so ``--no-cache`` is a version of its own."""
+    import yaml
+
+    documents = list(yaml.safe_load_all(package.read_text()))
+    spec = documents[0]
+    dags = [spec["root"]["dag"], *(c["dag"] for c in spec.get("components", {}).values() if "dag" in c)]
+    for dag in dags:
+        for task in dag.get("tasks", {}).values():
+            task["cachingOptions"] = {"enableCache": enabled} if enabled else {}
+    package.write_text(yaml.safe_dump_all(documents, sort_keys=True))
+    return package
+
+
+def _compiled(pipeline: str, params: Mapping[str, Any], directory: Path, enable_caching: bool | None = None) -> Path:
     from mtlflow.pipelines import runner
 
     runner.validate_params(pipeline, params)
-    return runner.compile_pipeline(directory / f"{runner.canonical_name(pipeline)}.yaml", pipeline=pipeline)
+    package = runner.compile_pipeline(directory / f"{runner.canonical_name(pipeline)}.yaml", pipeline=pipeline)
+    return package if enable_caching is None else with_caching(package, enable_caching)
+
+
+def version_name(package: Path) -> tuple[str, str]:
+    """``(pipeline name, version name)`` of a compiled package: the IR's pipeline name, and that name
+    with the first 16 hex digits of the package's SHA-256 (the same content, the same version)."""
+    import yaml
+
+    name = next(yaml.safe_load_all(package.read_text()))["pipelineInfo"]["name"]
+    return name, f"{name}-{hashlib.sha256(package.read_bytes()).hexdigest()[:16]}"
+
+
+def pipeline_version(client: Any, host: str, package: Path, namespace: str | None = None) -> dict[str, str]:
+    """The pipeline and version holding ``package``, uploading only what the server lacks: the pipeline
+    (by name) the first time, a version once per content. Returns ``{pipeline_id, pipeline_version_id,
+    pipeline_version}``."""
+    name, version = version_name(package)
+    found = _call("looking up the pipeline", host, client.list_pipelines, filter=_equals("display_name", name),
+                  namespace=namespace).pipelines or []
+    if found:
+        pipeline_id = found[0].pipeline_id
+    else:
+        pipeline_id = _call("uploading the pipeline", host, client.upload_pipeline, str(package),
+                            pipeline_name=name, namespace=namespace).pipeline_id
+    versions = _call("looking up the pipeline version", host, client.list_pipeline_versions, pipeline_id,
+                     filter=_equals("display_name", version)).pipeline_versions or []
+    if versions:
+        version_id = versions[0].pipeline_version_id
+    else:
+        version_id = _call("uploading the pipeline version", host, client.upload_pipeline_version, str(package),
+                           version, pipeline_id=pipeline_id,
+                           description=f"sha256 {hashlib.sha256(package.read_bytes()).hexdigest()}"
+                           ).pipeline_version_id
+    return {"pipeline_id": pipeline_id, "pipeline_version_id": version_id, "pipeline_version": version}
 
 
 def submit(host: str, pipeline: str, params: Mapping[str, Any], experiment: str = "mtlflow",
            run_name: str | None = None, namespace: str | None = None, enable_caching: bool | None = None,
            service_account: str | None = None) -> dict[str, str]:
-    """Validate, compile and start one run of ``pipeline``; returns ``{run_id, run_name, experiment}``."""
+    """Validate and compile ``pipeline``, upload its version if new, and start one run of that version;
+    returns ``{run_id, run_name, experiment, pipeline_id, pipeline_version_id, pipeline_version}``.
+    ``enable_caching`` (None: the compiled per-task settings) applies to every task."""
     _check_host(host)
     with tempfile.TemporaryDirectory(prefix="mtlflow-submit-") as tmp:
-        package = _compiled(pipeline, params, Path(tmp))
+        package = _compiled(pipeline, params, Path(tmp), enable_caching)
         client = _client(host, namespace)
+        version = pipeline_version(client, host, package, namespace)
+        exp = _call("creating the experiment", host, client.create_experiment, name=experiment, namespace=namespace)
         name = run_name or f"{package.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-        result = _call("creating the run", host, client.create_run_from_pipeline_package, str(package),
-                       arguments=dict(params), run_name=name, experiment_name=experiment, namespace=namespace,
-                       enable_caching=enable_caching, service_account=service_account)
-    return {"run_id": result.run_id, "run_name": name, "experiment": experiment}
+        result = _call("creating the run", host, client.run_pipeline, experiment_id=exp.experiment_id,
+                       job_name=name, params=dict(params), pipeline_id=version["pipeline_id"],
+                       version_id=version["pipeline_version_id"], service_account=service_account)
+    return {"run_id": result.run_id, "run_name": name, "experiment": experiment, **version}
+
+
+def _same_schedule(existing: Any, version_id: str, cron: str, params: Mapping[str, Any],
+                   service_account: str | None) -> bool:
+    """Whether a recurring run already runs ``version_id`` on ``cron`` with ``params``, enabled, one run
+    at a time without catch-up (then ``schedule`` has nothing to change)."""
+    reference = existing.pipeline_version_reference
+    trigger = existing.trigger.cron_schedule if existing.trigger else None
+    return (reference is not None and reference.pipeline_version_id == version_id
+            and trigger is not None and trigger.cron == cron
+            and dict((existing.runtime_config.parameters if existing.runtime_config else None) or {}) == dict(params)
+            and str(existing.mode) == "ENABLE" and int(existing.max_concurrency or 0) == 1
+            and bool(existing.no_catchup) and (existing.service_account or None) == (service_account or None))
 
 
 def schedule(host: str, pipeline: str, cron: str, params: Mapping[str, Any], experiment: str = "mtlflow",
              job_name: str | None = None, namespace: str | None = None,
-             service_account: str | None = None) -> dict[str, str]:
-    """Create a recurring run of ``pipeline`` on a 6-field KFP cron, at most one run at a time and no
-    catch-up of missed intervals; returns ``{recurring_run_id, job_name, cron}``."""
+             service_account: str | None = None) -> dict[str, Any]:
+    """Keep exactly one recurring run named ``job_name`` in ``experiment``: ``pipeline``'s current
+    version on a 6-field KFP cron, at most one run at a time and no catch-up of missed intervals.
+    An identical one is kept as it is; otherwise the new one is created first and every other of that
+    name deleted after (KFP cannot update a recurring run), so a failed request never leaves none.
+    Returns ``{recurring_run_id, job_name, cron, replaced, pipeline_id, pipeline_version_id, pipeline_version}``."""
     _check_host(host)
     cron = validate_cron(cron)
     with tempfile.TemporaryDirectory(prefix="mtlflow-schedule-") as tmp:
         package = _compiled(pipeline, params, Path(tmp))
         client = _client(host, namespace)
+        version = pipeline_version(client, host, package, namespace)
         exp = _call("creating the experiment", host, client.create_experiment, name=experiment, namespace=namespace)
         name = job_name or f"{package.stem}-nightly"
-        job = _call("creating the recurring run", host, client.create_recurring_run, experiment_id=exp.experiment_id,
-                    job_name=name, cron_expression=cron, max_concurrency=1, no_catchup=True,
-                    params=dict(params), pipeline_package_path=str(package), service_account=service_account)
-    return {"recurring_run_id": job.recurring_run_id, "job_name": name, "cron": cron}
+        existing = _call("listing the recurring runs", host, client.list_recurring_runs,
+                         experiment_id=exp.experiment_id, page_size=PAGE_SIZE,
+                         filter=_equals("display_name", name)).recurring_runs or []
+        same = [r for r in existing if _same_schedule(r, version["pipeline_version_id"], cron, params, service_account)]
+        if same:
+            kept = same[0].recurring_run_id
+        else:
+            kept = _call("creating the recurring run", host, client.create_recurring_run,
+                         experiment_id=exp.experiment_id, job_name=name, cron_expression=cron, max_concurrency=1,
+                         no_catchup=True, params=dict(params), pipeline_id=version["pipeline_id"],
+                         version_id=version["pipeline_version_id"],
+                         service_account=service_account).recurring_run_id
+        replaced = [r.recurring_run_id for r in existing if r.recurring_run_id != kept]
+        for recurring_run_id in replaced:
+            _call(f"deleting the replaced recurring run {recurring_run_id}", host, client.delete_recurring_run,
+                  recurring_run_id)
+    return {"recurring_run_id": kept, "job_name": name, "cron": cron, "replaced": replaced, **version}
