@@ -1,9 +1,13 @@
 """The user's own data: a benchmark described by a task spec (:mod:`mtlflow.benchmarks._spec.schema`).
 
 ``mtlflow prepare --spec my.yaml --out data/mine`` reads the spec's table, encodes the labels of every
-task by its kind, the features (numeric standardised and categorical one-hot, fitted on the training
-split) or the molecules (SMILES -> graphs, the MoleculeNet featuriser), draws the split and writes
-``features.npy`` or ``graphs.pt``, ``labels.npz``, ``split.npy`` and ``schema.json`` with a content hash.
+task by its kind, the features (numeric standardised, categorical one-hot or embedding codes, fitted on
+the training split), the molecules (SMILES -> graphs, the MoleculeNet featuriser) or the images of an
+image folder (decoded at the spec's size, :mod:`mtlflow.benchmarks._spec.images`), draws the split and
+writes ``features.npy``, ``graphs.pt`` or ``images.npy``, ``labels.npz``, ``split.npy`` and
+``schema.json`` with a content hash. The model is a built-in trunk per modality (an MLP, the MPNN, a
+torchvision ResNet-18/50 with weights only from a local file) with one head per task, or the spec's
+``module:function``.
 The spec itself is stored in the manifest, so training, evaluation and the pipelines rebuild the
 benchmark from the prepared data alone.
 
@@ -99,8 +103,15 @@ class SpecBenchmark(Benchmark):
         return out
 
     def data_identity(self) -> dict[str, Any]:
-        """The spec plus the SHA-256 of its table: a new version of the table is new data."""
-        return {"spec": self.config["spec"], "table_sha256": read_source(self.spec).sha256}
+        """The spec plus the SHA-256 of its table (and of the images it names): a new version of either is new
+        data."""
+        source = read_source(self.spec)
+        identity = {"spec": self.config["spec"], "table_sha256": source.sha256}
+        if self.spec.modality == "images":
+            from mtlflow.benchmarks._spec.images import images_digest
+
+            identity["images_sha256"] = images_digest(self.spec, source.table)
+        return identity
 
     # -- prepare -------------------------------------------------------------------------------------
     def write_data(self, out_dir: Path) -> dict[str, Any]:
@@ -109,6 +120,10 @@ class SpecBenchmark(Benchmark):
         table, skipped = source.table, 0
         if spec.modality == "molecules":
             table, graphs, skipped = molecule_graphs(spec, table)
+        elif spec.modality == "images":
+            from mtlflow.benchmarks._spec.images import write_images
+
+            table, skipped = write_images(spec, table, out_dir)
         labels = {t.name: encode_task(table, t, i, where) for i, t in enumerate(spec.tasks)}
         codes = split_codes(spec, table, labels)
         train = codes == 0
@@ -138,15 +153,17 @@ class SpecBenchmark(Benchmark):
                                 range(table.num_rows))
             torch.save(store, out_dir / GRAPHS_FILE)
         else:
-            features, schema["features"] = encode_features(spec, table, train)
-            np.save(out_dir / "features.npy", features)
+            if spec.modality == "table":
+                features, schema["features"] = encode_features(spec, table, train)
+                np.save(out_dir / "features.npy", features)
             np.savez(out_dir / "labels.npz", **{f"task{i}": v for i, v in enumerate(label_matrix)})
         np.save(out_dir / "split.npy", codes)
         (out_dir / SCHEMA_FILE).write_text(json.dumps(schema, indent=2) + "\n")
+        skipped_rows = {"images": {"missing_images_skipped": skipped},
+                        "molecules": {"invalid_smiles_skipped": skipped}}.get(spec.modality, {})
         return {"label": spec.name, "source": {"table": source.origin, "sha256": source.sha256,
                                                "rows": int(source.table.num_rows)},
-                "invalid_smiles_skipped": skipped, "split_sizes": {s: int((codes == c).sum()) for c, s in
-                                                                   enumerate(SPLITS)},
+                **skipped_rows, "split_sizes": {s: int((codes == c).sum()) for c, s in enumerate(SPLITS)},
                 "label_counts": counts}
 
     # -- load ----------------------------------------------------------------------------------------
@@ -175,13 +192,22 @@ class SpecBenchmark(Benchmark):
 
             store = load_store(data_dir, self.spec.name, fix)
             return {s: GraphDataset(store, r, store["y"], complete=False) for s, r in rows.items()}
+        images = self.spec.modality == "images"
         try:
-            x = torch.from_numpy(np.load(data_dir / "features.npy"))
+            if images:
+                from mtlflow.benchmarks._spec.images import IMAGES_FILE, ImageBatches
+
+                x = np.load(data_dir / IMAGES_FILE, mmap_mode="r")
+            else:
+                x = torch.from_numpy(np.load(data_dir / "features.npy"))
             with np.load(data_dir / "labels.npz") as blob:
                 raw = [blob[f"task{i}"] for i in range(len(self.spec.tasks))]
         except (OSError, ValueError, KeyError) as exc:
             raise DataError(f"prepared spec data in {data_dir} is incomplete or corrupt ({exc}); {fix}") from None
         targets = [self._targets(entry, torch.from_numpy(values)) for entry, values in zip(self.spec.tasks, raw)]
+        if images:
+            return {s: ImageBatches(x, r, targets, self.spec.features.image, augment=s == "train")
+                    for s, r in rows.items()}
         return {s: BatchedTensorDataset(x[r], [t[r] for t in targets]) for s, r in rows.items()}
 
     def _targets(self, entry: TaskEntry, values: Tensor) -> Tensor:
@@ -194,7 +220,7 @@ class SpecBenchmark(Benchmark):
         return values.float()
 
     def unpack(self, batch: Any) -> tuple[Any, list[Tensor]]:
-        if self.spec.modality == "table":
+        if self.spec.modality != "molecules":
             return super().unpack(batch)
         columns = batch.y.unbind(dim=1)  # graphs carry the raw label columns; shape them per task here
         return batch, [self._targets(entry, column) for entry, column in zip(self.spec.tasks, columns)]
@@ -222,18 +248,34 @@ class SpecBenchmark(Benchmark):
         if self.spec.model.factory is not None:
             return self._model_from_factory(names)
         outputs = [self._output_size(name) for name in names]
+        trunk = self._trunk()
+        return MultiTaskModel(trunk, [nn.Linear(trunk.out_features, n) for n in outputs], names)
+
+    def _trunk(self) -> nn.Module:
         model_spec = self.spec.model
-        if self.spec.modality == "molecules":
+        if self.spec.trunk == "mpnn":
             from mtlflow.benchmarks._molgraphs import categorical_vocab_sizes
             from mtlflow.models.mpnn import MPNNTrunk
 
             node_vocab, edge_vocab = categorical_vocab_sizes()
-            trunk: nn.Module = MPNNTrunk(dim=model_spec.hidden[0], node_vocab=node_vocab, edge_vocab=edge_vocab)
-        else:
-            from mtlflow.models.mlp import MLPTrunk
+            return MPNNTrunk(dim=model_spec.hidden[0], node_vocab=node_vocab, edge_vocab=edge_vocab)
+        if self.spec.trunk.startswith("resnet"):
+            from mtlflow.models.resnet import ResNetTrunk
 
-            trunk = MLPTrunk(self.schema["features"]["width"], model_spec.hidden, model_spec.dropout)
-        return MultiTaskModel(trunk, [nn.Linear(trunk.out_features, n) for n in outputs], names)
+            try:
+                return ResNetTrunk(int(self.spec.trunk.removeprefix("resnet")), model_spec.weights)
+            except DataError as exc:
+                raise location_of(self.spec).error(("model", "weights"), str(exc)) from None
+        features = self.schema["features"]
+        if features.get("encoding") == "embedding":
+            from mtlflow.models.tabular import EmbeddingMLPTrunk
+
+            columns = features["categorical"]
+            return EmbeddingMLPTrunk(len(features["numeric"]), [len(c["categories"]) for c in columns],
+                                     [c["embedding_dim"] for c in columns], model_spec.hidden, model_spec.dropout)
+        from mtlflow.models.mlp import MLPTrunk
+
+        return MLPTrunk(features["width"], model_spec.hidden, model_spec.dropout)
 
     def _output_size(self, task: str) -> int:
         info = next(t for t in self.schema["tasks"] if t["name"] == task)

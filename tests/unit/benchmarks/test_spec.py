@@ -76,6 +76,15 @@ def test_spec_errors_name_the_key_path_and_line(tmp_path: Path, spec: dict, expe
     assert "\n" not in message
 
 
+def test_the_published_json_schema_is_the_spec_models() -> None:
+    """docs/reference/spec.schema.json is what `mtlflow config schema --of spec` prints (regenerate it with
+    that command after changing the spec's keys)."""
+    from mtlflow.benchmarks._spec.schema import spec_json_schema
+
+    published = Path(__file__).parents[3] / "docs" / "reference" / "spec.schema.json"
+    assert json.loads(published.read_text()) == json.loads(json.dumps(spec_json_schema()))
+
+
 def test_rev_needs_a_repository(tmp_path: Path) -> None:
     path = tmp_path / "spec.yaml"
     path.write_text("name: x\nsource:\n  table: t.csv\n  rev: v2\ntasks:\n  - {name: a, type: binary}\n")
@@ -140,6 +149,39 @@ def test_features_are_standardised_with_training_rows_and_one_hot_with_training_
     # 'pro' never occurs in training rows: no column of its own, its rows are all-zero
     assert bench.schema["features"]["categorical"] == [{"name": "plan", "categories": ["basic"]}]
     np.testing.assert_array_equal(x[:, 1], [1.0] * 40 + [0.0] * 20)
+
+
+def test_embedding_codes_are_fitted_on_training_categories_and_unseen_values_share_index_0(tmp_path: Path) -> None:
+    data = frame().assign(part=["train"] * 40 + ["val"] * 10 + ["test"] * 10,
+                          plan=["basic", "pro", "team", None] * 10 + ["pro", "enterprise"] * 10)
+    features = {"numeric": ["age"], "categorical": ["plan", "customer"], "encoding": "embedding"}
+    bench, loaded = prepared(tmp_path, {"tasks": TASKS, "features": features, "split": {"column": "part"},
+                                        "model": {"hidden": [8]}}, data)
+    features = bench.schema["features"]
+    assert features["categorical"][0] == {"name": "plan", "categories": ["basic", "pro", "team"], "embedding_dim": 2}
+    customers = sorted({str(c) for c in data["customer"][:40]})
+    assert features["categorical"][1]["categories"] == customers
+    assert features["categorical"][1]["embedding_dim"] == min(50, (len(customers) + 1) // 2)
+    x = torch.cat([loaded.splits[s].inputs for s in ("train", "val", "test")]).numpy()
+    training = {"basic": 1, "pro": 2, "team": 3}  # 1 + the position among the sorted training categories
+    expected = [training.get(v, 0) if isinstance(v, str) else 0 for v in data["plan"]]  # None, 'enterprise': 0
+    np.testing.assert_array_equal(x[:, 1], expected)
+    np.testing.assert_array_equal(x[:, 2], [customers.index(str(c)) + 1 if str(c) in customers else 0
+                                            for c in data["customer"]])
+    # the trunk looks every code up in its column's table and feeds [numeric, embeddings] to the MLP
+    model = bench.make_model()
+    trunk = model.trunk
+    assert [e.num_embeddings for e in trunk.embeddings] == [4, len(customers) + 1]
+    assert [e.embedding_dim for e in trunk.embeddings] == [2, features["categorical"][1]["embedding_dim"]]
+    batch = torch.from_numpy(x[:5])
+    by_hand = torch.cat([batch[:, :1], trunk.embeddings[0].weight[batch[:, 1].long()],
+                         trunk.embeddings[1].weight[batch[:, 2].long()]], dim=1)
+    assert torch.equal(trunk(batch), trunk.mlp(by_hand))
+    with pytest.raises(SpecError, match=r"spec.yaml:\d+: features.embedding_dim: Input should be greater than 0"):
+        read_spec(write(tmp_path, {"tasks": TASKS, "features": {"categorical": ["plan"], "encoding": "embedding",
+                                                                "embedding_dim": 0}}))
+    with pytest.raises(SpecError, match=r"features: embedding_dim is for encoding: embedding"):
+        read_spec(write(tmp_path, {"tasks": TASKS, "features": {"categorical": ["plan"], "embedding_dim": 4}}))
 
 
 def test_stratified_and_grouped_splits(tmp_path: Path) -> None:

@@ -44,12 +44,28 @@ class Source(_Strict):
                                                  "into a graph (the model is the MPNN)")
     max_invalid_share: float = Field(0.01, ge=0, le=1, description="share of unparsable SMILES that are skipped "
                                                                    "(counted in the manifest); above it prepare fails")
+    images: str | None = Field(None, description="a folder of images (relative paths are relative to the spec file): "
+                                                 "each row of `table` is one image, named by `image_column`; the "
+                                                 "model is a ResNet")
+    image_column: str | None = Field(None, description="images: the column with each row's image path, relative to "
+                                                       "`images` (default: image)")
+    max_missing_share: float = Field(0.01, ge=0, le=1, description="images: share of rows whose image file is "
+                                                                   "missing or unreadable that are skipped (counted "
+                                                                   "in the manifest); above it prepare fails")
 
     @model_validator(mode="after")
-    def _rev_needs_repo(self) -> Source:
+    def _consistent(self) -> Source:
         if self.rev is not None and self.repo is None:
             raise ValueError("rev needs repo: give the DVC repository whose revision `rev` is")
+        if self.image_column is not None and self.images is None:
+            raise ValueError("image_column needs images: give the folder the image paths are relative to")
+        if self.images is not None and self.smiles is not None:
+            raise ValueError("a source is images or molecules, not both; drop images or smiles")
         return self
+
+    @property
+    def image_path_column(self) -> str:
+        return self.image_column or "image"
 
 
 class TaskEntry(_Strict):
@@ -98,15 +114,83 @@ class TaskEntry(_Strict):
         return list(self.columns) if self.columns else [self.column or self.name]
 
 
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class Augmentation(_Strict):
+    """One torchvision transforms v2 class applied to training images (before normalisation)."""
+
+    name: str = Field(description="a class of torchvision.transforms.v2, e.g. RandomHorizontalFlip, "
+                                  "RandomResizedCrop, ColorJitter")
+    options: dict[str, Any] = Field(default_factory=dict, description="its keyword arguments, e.g. {p: 0.5}")
+
+    @model_validator(mode="after")
+    def _builds(self) -> Augmentation:
+        self.build()  # an unknown class or a bad option fails when the spec is read, not during training
+        return self
+
+    def build(self) -> Any:
+        from torchvision.transforms import v2
+
+        transform = getattr(v2, self.name, None)
+        if not (isinstance(transform, type) and issubclass(transform, v2.Transform)):
+            raise ValueError(f"{self.name!r} is not a torchvision.transforms.v2 transform; use a class name such as "
+                             "RandomHorizontalFlip or RandomResizedCrop")
+        try:
+            return transform(**self.options)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{self.name}({', '.join(f'{k}={v!r}' for k, v in self.options.items())}) fails: "
+                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; fix its options") \
+                from None
+
+
+class ImageFeatures(_Strict):
+    """How images become the model's input: resized squares, normalised, augmented in the train split."""
+
+    size: int = Field(64, ge=8, le=1024, description="side of the square every image is resized to (bilinear, "
+                                                     "antialiased) when the data is prepared")
+    mean: list[float] = Field(default_factory=lambda: list(IMAGENET_MEAN), min_length=3, max_length=3,
+                              description="per-channel mean subtracted after scaling to [0, 1] (default: ImageNet's)")
+    std: list[float] = Field(default_factory=lambda: list(IMAGENET_STD), min_length=3, max_length=3,
+                             description="per-channel standard deviation divided by (default: ImageNet's)")
+    augment: list[Augmentation] = Field(default_factory=list, description="torchvision transforms v2 applied to "
+                                                                          "each training image, in order (val and "
+                                                                          "test images are not augmented)")
+
+    @field_validator("std")
+    @classmethod
+    def _positive_std(cls, value: list[float]) -> list[float]:
+        if any(s <= 0 for s in value):
+            raise ValueError("std values must be positive")
+        return value
+
+
 class Features(_Strict):
     """The input columns of a table (a molecule table's input is its SMILES column)."""
 
     numeric: list[str] | None = Field(None, description="numeric columns (default: every numeric column that is "
                                                         "not a label, split, group or SMILES column)")
-    categorical: list[str] = Field(default_factory=list, description="categorical columns, one-hot encoded with "
-                                                                     "the categories of the training split")
+    categorical: list[str] = Field(default_factory=list, description="categorical columns, encoded (see "
+                                                                     "`encoding`) with the categories of the "
+                                                                     "training split")
+    encoding: Literal["onehot", "embedding"] = Field("onehot", description="categorical columns: onehot, or "
+                                                                          "embedding (a learned nn.Embedding per "
+                                                                          "column, index 0 for values the training "
+                                                                          "split does not hold)")
+    embedding_dim: int | None = Field(None, gt=0, description="encoding embedding: the width of every column's "
+                                                              "embedding (default per column: min(50, (categories + "
+                                                              "1) // 2), at least 1)")
     standardise: bool = Field(True, description="standardise numeric features with training-split statistics "
                                                 "(missing values become the training mean)")
+    image: ImageFeatures = Field(default_factory=ImageFeatures, description="images: size, normalisation and "
+                                                                            "training augmentations")
+
+    @model_validator(mode="after")
+    def _embedding_dim_needs_embedding(self) -> Features:
+        if self.embedding_dim is not None and self.encoding != "embedding":
+            raise ValueError("embedding_dim is for encoding: embedding; set encoding: embedding or drop embedding_dim")
+        return self
 
 
 class Split(_Strict):
@@ -136,10 +220,15 @@ class Split(_Strict):
 class ModelSpec(_Strict):
     """A built-in trunk with one head per task, or a function that returns a MultiTaskModel."""
 
-    trunk: Literal["mlp", "mpnn"] | None = Field(None, description="mlp for tables, mpnn for molecules (default: "
-                                                                   "by the source)")
+    trunk: Literal["mlp", "mpnn", "resnet18", "resnet50"] | None = Field(
+        None, description="mlp for tables, mpnn for molecules, resnet18 or resnet50 (torchvision) for images "
+                          "(default: by the source; images: resnet18)")
+    weights: str | None = Field(None, description="resnet: a local file with a torchvision state_dict of the trunk "
+                                                  "(relative paths are relative to the spec file; its fc layer is "
+                                                  "not used); nothing is ever downloaded (default: random init)")
     hidden: list[int] = Field(default_factory=lambda: [256, 256], min_length=1,
-                              description="widths of the MLP's hidden layers (the mpnn uses the first)")
+                              description="widths of the MLP's hidden layers (the mpnn uses the first; a resnet's "
+                                          "heads read its pooled features directly)")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout after each hidden layer of the MLP")
     factory: str | None = Field(None, description="module:function called as function(spec, schema) that returns a "
                                                   "mtlflow.models.MultiTaskModel with one head per task")
@@ -157,6 +246,8 @@ class ModelSpec(_Strict):
             raise ValueError("give either trunk or factory, not both")
         if self.factory is not None and ":" not in self.factory:
             raise ValueError(f"factory {self.factory!r} must be module:function")
+        if self.weights is not None and not (self.trunk or "").startswith("resnet"):
+            raise ValueError("weights are for the resnet18 / resnet50 trunks; set trunk or drop weights")
         return self
 
 
@@ -200,11 +291,28 @@ class DataSpec(_Strict):
                              "features.categorical")
         if self.model.trunk == "mlp" and self.source.smiles is not None:
             raise ValueError("a molecule table trains the mpnn trunk; drop model.trunk or set it to mpnn")
+        resnet = (self.model.trunk or "").startswith("resnet")
+        if resnet and self.source.images is None:
+            raise ValueError(f"model.trunk {self.model.trunk} needs images: set source.images to the image folder")
+        if self.source.images is not None:
+            if self.model.trunk is not None and not resnet:
+                raise ValueError(f"images train a resnet18 or resnet50 trunk, not {self.model.trunk}; set model.trunk "
+                                 "to one of them")
+            if self.features.numeric or self.features.categorical:
+                raise ValueError("an image table's input is its images; drop features.numeric and "
+                                 "features.categorical")
         return self
 
     @property
     def modality(self) -> str:
+        if self.source.images is not None:
+            return "images"
         return "molecules" if self.source.smiles is not None else "table"
+
+    @property
+    def trunk(self) -> str:
+        """The built-in trunk the model uses (the spec's, or the modality's default)."""
+        return self.model.trunk or {"images": "resnet18", "molecules": "mpnn", "table": "mlp"}[self.modality]
 
 
 class SpecLocation:
@@ -306,10 +414,19 @@ def read_spec(path: str | Path) -> DataSpec:
         folder = str(Path(path).resolve().parent)
     location = SpecLocation(name, yaml_key_lines(text))
     spec = parse_spec(values, location)
-    table = spec.source.table
-    if spec.source.repo is None and "://" not in table and not posixpath.isabs(table):
-        joined = posixpath.join(folder, table) if "://" in folder else str(Path(folder, table).resolve())
-        spec = spec.model_copy(update={"source": spec.source.model_copy(update={"table": joined})})
+
+    def beside_the_spec(path: str) -> str:
+        if "://" in path or posixpath.isabs(path):
+            return path
+        return posixpath.join(folder, path) if "://" in folder else str(Path(folder, path).resolve())
+
+    source = {"table": spec.source.table if spec.source.repo else beside_the_spec(spec.source.table)}
+    if spec.source.images is not None:
+        source["images"] = beside_the_spec(spec.source.images)
+    update: dict[str, Any] = {"source": spec.source.model_copy(update=source)}
+    if spec.model.weights is not None:
+        update["model"] = spec.model.model_copy(update={"weights": beside_the_spec(spec.model.weights)})
+    spec = spec.model_copy(update=update)
     spec._location = location
     return spec
 

@@ -288,9 +288,16 @@ def feature_columns(spec: DataSpec, table: Any) -> tuple[list[str], list[str]]:
     return numeric, list(features.categorical)
 
 
+def embedding_width(spec: DataSpec, categories: int) -> int:
+    """The embedding width of a categorical column with ``categories`` training categories."""
+    return spec.features.embedding_dim or min(50, max(1, (categories + 1) // 2))
+
+
 def encode_features(spec: DataSpec, table: Any, train: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
     """float32 ``[N, F]``: numeric columns standardised with training statistics (missing -> 0, the training
-    mean), then one-hot blocks of the categorical columns (categories of the training rows; others -> 0)."""
+    mean), then the categorical columns with the categories of the training rows: one-hot blocks (other
+    values -> all 0), or with ``features.encoding: embedding`` one code column each (1..n the training
+    categories, 0 for any other value or a missing one), which the trunk's embeddings look up."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -311,6 +318,11 @@ def encode_features(spec: DataSpec, table: Any, train: np.ndarray) -> tuple[np.n
         categories = sorted(c for c in pc.unique(values.filter(pa.array(train))).to_pylist() if c is not None)
         codes = pc.index_in(values, value_set=pa.array(categories, pa.string())).fill_null(-1) \
             .to_numpy(zero_copy_only=False).astype(np.int64)
+        if spec.features.encoding == "embedding":
+            blocks.append((codes + 1).astype(np.float32)[:, None])
+            info["categorical"].append({"name": name, "categories": categories,
+                                        "embedding_dim": embedding_width(spec, len(categories))})
+            continue
         block = np.zeros((len(values), len(categories)), dtype=np.float32)
         present = codes >= 0
         block[np.flatnonzero(present), codes[present]] = 1.0
@@ -318,4 +330,5 @@ def encode_features(spec: DataSpec, table: Any, train: np.ndarray) -> tuple[np.n
         info["categorical"].append({"name": name, "categories": categories})
     matrix = np.concatenate(blocks, axis=1) if blocks else np.zeros((table.num_rows, 0), dtype=np.float32)
     info["width"] = int(matrix.shape[1])
+    info["encoding"] = spec.features.encoding
     return matrix, info
