@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 
-.PHONY: install demo test test-deps docs compile clean image image-push mutation
+.PHONY: install demo test test-deps docs compile clean image image-push mutation wheels base-image e2e
 
 # pip only: it is the one installer that sees the machine's local wheel cache (torch is a 5.5 GB CUDA build).
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml setup.py
@@ -46,18 +46,47 @@ mutation: install
 	$(PY) -m pip install --disable-pip-version-check -q -r requirements-mutation.txt -c constraints.txt
 	$(PY) tools/mutation.py run $(MUTATION_ARGS)
 
+# PROFILE=k8s/overlays/prod/profile.yaml: the cluster profile the pipelines are compiled for (default: none)
+PROFILE ?=
 compile: install
-	MTLFLOW_IMAGE=$(IMAGE) $(VENV)/bin/mtlflow pipeline compile --all --out-dir build
+	MTLFLOW_IMAGE=$(IMAGE) $(VENV)/bin/mtlflow pipeline compile --all --out-dir build $(if $(PROFILE),--profile $(PROFILE))
 
 clean:
 	rm -rf build demo runs .pytest_cache
 
-# The project image (Dockerfile); MTLFLOW_IMAGE must name the same image when pipelines are compiled.
-IMAGE ?= ghcr.io/mtlflow/mtlflow-python:0.1.0
+# The project image (Dockerfile, docs/guides/image.md), built offline: the base from debootstrap when BASE_IMAGE is
+# not present locally (`make base-image`; a registry image given as BASE_IMAGE is pulled by docker build instead),
+# the pinned wheels from wheels/ (`make wheels`), no network in the build. MTLFLOW_IMAGE, when set, names the image,
+# so that the pipelines compiled with it (components/image.py) run this image.
+IMAGE ?= $(or $(MTLFLOW_IMAGE),ghcr.io/mtlflow/mtlflow-python:0.1.0)
+BASE_IMAGE ?= local/debian-python:3.11-bookworm
 GIT_REV ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
-DOCKER_BUILD_ARGS ?=
-image:
-	DOCKER_BUILDKIT=1 docker build $(DOCKER_BUILD_ARGS) --build-arg GIT_REV=$(GIT_REV) -t $(IMAGE) .
+# The classic builder needs no BuildKit frontend image (no registry here); DOCKER_BUILDKIT=1 works too (no RUN --mount).
+DOCKER_BUILDKIT ?= 0
+DOCKER_BUILD_ARGS ?= --network none
+WHEELS_STAMP := wheels/.downloaded
+
+# Every wheel of requirements.txt (resolved with constraints.txt) plus the build backend, for Linux x86_64 CPython
+# 3.11: pip on this machine takes torch and torchvision from the local wheel cache. Sdists are built into wheels here.
+$(WHEELS_STAMP): requirements.txt constraints.txt pyproject.toml
+	python3 -m pip wheel --disable-pip-version-check -q -w wheels -r requirements.txt -c constraints.txt setuptools wheel
+	touch $(WHEELS_STAMP)
+
+wheels: $(WHEELS_STAMP)
+
+base-image:
+	tools/docker-daemon.sh
+	@docker image inspect $(BASE_IMAGE) >/dev/null 2>&1 || [ "$(BASE_IMAGE)" != local/debian-python:3.11-bookworm ] \
+	  || tools/base-image.sh $(BASE_IMAGE)
+
+image: wheels base-image
+	DOCKER_BUILDKIT=$(DOCKER_BUILDKIT) docker build $(DOCKER_BUILD_ARGS) --build-arg BASE_IMAGE=$(BASE_IMAGE) \
+	  --build-arg GIT_REV=$(GIT_REV) -t $(IMAGE) .
 
 image-push: image
 	docker push $(IMAGE)
+
+# The image built here and every component run in its containers as the cluster runs them (tests/e2e/,
+# docs/guides/image.md): as root (or with sudo) for dockerd and debootstrap. Not part of `make test`.
+e2e: install image
+	MTLFLOW_IMAGE=$(IMAGE) $(PY) -m pytest -q -p no:cacheprovider tests/e2e

@@ -1,13 +1,22 @@
-"""Cluster settings of pipeline tasks: GPUs, CPU/memory, retries, PVC mounts, Secrets, scheduling.
+"""Cluster settings of pipeline tasks: GPUs, CPU/memory, retries, PVC mounts, Secrets, scheduling,
+the pods' user and image pull Secrets.
 
 Everything here compiles into the IR (``resources`` and ``platforms.kubernetes``) and is ignored by
 kfp.local, so the same pipeline definition runs on this machine and on the cluster. The PVC and
-Secret names match ``k8s/base``.
+Secret names match ``k8s/base``. What differs between clusters (node labels and taints, the
+accelerator, CPU/memory per task class, UID/GID, pull Secrets) comes from the cluster profile
+(:mod:`mtlflow.config.cluster`) active while the pipeline is built: :func:`profile_applied`.
 """
+
+from __future__ import annotations
+
+import contextlib
+from contextvars import ContextVar
+from typing import Iterator
 
 from kfp import dsl, kubernetes
 
-from mtlflow.ops.k8s_jobs import GPU, GPU_NODE_SELECTOR, GPU_TOLERATIONS
+from mtlflow.config.cluster import ClusterProfile
 from mtlflow.ops.storage import StorageLayout
 
 #: Secret with the DVC remote URL and S3/MinIO credentials (template: k8s/base/secret-dvc-remote.template.yaml)
@@ -15,16 +24,43 @@ DVC_SECRET = "mtlflow-dvc-remote"
 DVC_SECRET_ENV = {"url": "MTLFLOW_DVC_REMOTE", "access_key_id": "AWS_ACCESS_KEY_ID",
                   "secret_access_key": "AWS_SECRET_ACCESS_KEY", "endpoint_url": "AWS_ENDPOINT_URL"}
 
-TRAIN_RESOURCES = {"cpu_request": "4", "cpu_limit": "8", "memory_request": "16G", "memory_limit": "32G"}
-LIGHT_RESOURCES = {"cpu_request": "1", "cpu_limit": "2", "memory_request": "2G", "memory_limit": "8G"}
 #: a preempted or failed training pod is retried and resumes from its checkpoint on the PVC
 TRAIN_RETRIES = {"num_retries": 3, "backoff_duration": "60s", "backoff_factor": 2.0, "backoff_max_duration": "3600s"}
 TRAIN_TIMEOUT_SECONDS = 24 * 3600
 
+# The pipeline decorator runs the pipeline body when the factory is called, so the profile is read
+# while the tasks are declared; a context variable keeps the factories' signature (parallelism,
+# storage_root) the same for every pipeline.
+_PROFILE: ContextVar[ClusterProfile] = ContextVar("cluster_profile", default=ClusterProfile())
 
-def _resources(task: dsl.PipelineTask, spec: dict) -> dsl.PipelineTask:
-    return (task.set_cpu_request(spec["cpu_request"]).set_cpu_limit(spec["cpu_limit"])
-            .set_memory_request(spec["memory_request"]).set_memory_limit(spec["memory_limit"]))
+
+@contextlib.contextmanager
+def profile_applied(profile: ClusterProfile | None) -> Iterator[ClusterProfile]:
+    """Pipelines built inside this block get ``profile``'s settings (``None``: the default profile)."""
+    token = _PROFILE.set(profile or ClusterProfile())
+    try:
+        yield _PROFILE.get()
+    finally:
+        _PROFILE.reset(token)
+
+
+def active_profile() -> ClusterProfile:
+    return _PROFILE.get()
+
+
+def _pod_settings(task: dsl.PipelineTask, task_class: str) -> dsl.PipelineTask:
+    """CPU/memory of the task class, the profile's UID/GID and image pull Secrets. kfp-kubernetes 2.17
+    cannot set a pod's fsGroup: the volumes' group comes from the runtime's fsGroup (TrainJobs) or the
+    volume itself (docs/guides/kubeflow.md, "Volumes and the image's user")."""
+    profile = active_profile()
+    spec = profile.resources[task_class]
+    task.set_cpu_request(spec.cpu_request).set_cpu_limit(spec.cpu_limit)
+    task.set_memory_request(spec.memory_request).set_memory_limit(spec.memory_limit)
+    kubernetes.set_security_context(task, run_as_user=profile.security.run_as_user,
+                                    run_as_group=profile.security.run_as_group, run_as_non_root=True)
+    if profile.image_pull_secrets:
+        kubernetes.set_image_pull_secrets(task, list(profile.image_pull_secrets))
+    return task
 
 
 def mount(task: dsl.PipelineTask, layout: StorageLayout, *claims: str) -> dsl.PipelineTask:
@@ -35,31 +71,33 @@ def mount(task: dsl.PipelineTask, layout: StorageLayout, *claims: str) -> dsl.Pi
 
 def light(task: dsl.PipelineTask) -> dsl.PipelineTask:
     """Bookkeeping steps: small CPU/memory requests."""
-    return _resources(task, LIGHT_RESOURCES)
+    return _pod_settings(task, "light")
 
 
 def data_access(task: dsl.PipelineTask, layout: StorageLayout) -> dsl.PipelineTask:
     """Preparing/versioning data: the data PVC (DVC cache, local remote) and the DVC remote Secret as
     environment variables (optional: without the Secret the PVC remote is used)."""
     kubernetes.use_secret_as_env(task, secret_name=DVC_SECRET, secret_key_to_env=DVC_SECRET_ENV, optional=True)
-    return mount(_resources(task, LIGHT_RESOURCES), layout, "mtlflow-data")
+    return mount(light(task), layout, "mtlflow-data")
 
 
 def gpu_node(task: dsl.PipelineTask) -> dsl.PipelineTask:
-    """Schedule on a GPU node: node selector, GPU taint toleration, shared memory for data loaders."""
-    for key, value in GPU_NODE_SELECTOR.items():
+    """Schedule on the profile's GPU nodes: node selector, taint tolerations, shared memory for data loaders."""
+    profile = active_profile()
+    for key, value in profile.node_selector.items():
         kubernetes.add_node_selector(task, label_key=key, label_value=value)
-    for tol in GPU_TOLERATIONS:
-        kubernetes.add_toleration(task, key=tol["key"], operator=tol["operator"], effect=tol["effect"])
+    for toleration in profile.tolerations:
+        kubernetes.add_toleration(task, **toleration.manifest())
     kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory")
     return task
 
 
 def gpu_training(task: dsl.PipelineTask, layout: StorageLayout) -> dsl.PipelineTask:
-    """One training run: one GPU, CPU/memory requests, retries with back-off, a timeout and the
-    checkpoints PVC (the run directory the task resumes from)."""
-    task.set_accelerator_type(GPU).set_accelerator_limit(1)
-    _resources(task, TRAIN_RESOURCES).set_retry(**TRAIN_RETRIES)
+    """One training run: the profile's accelerator, CPU/memory, retries with back-off, a timeout and
+    the checkpoints PVC (the run directory the task resumes from)."""
+    accelerator = active_profile().accelerator
+    task.set_accelerator_type(accelerator.type).set_accelerator_limit(accelerator.count)
+    _pod_settings(task, "train").set_retry(**TRAIN_RETRIES)
     kubernetes.set_timeout(task, seconds=TRAIN_TIMEOUT_SECONDS)
     return mount(gpu_node(task), layout, "mtlflow-checkpoints")
 

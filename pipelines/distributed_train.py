@@ -9,7 +9,9 @@ takes its topology from the ``PET_*`` variables the operator sets (Kubeflow Trai
 for PyTorchJob a training-operator release that sets ``PET_MASTER_ADDR``), each process trains on its
 GPU (``LOCAL_RANK``, NCCL) and its shard of every global batch of ``num_nodes x gpus_per_node x
 train_options.batch_size`` samples (:mod:`mtlflow.engine.distributed`), and rank 0 writes the run directory
-on the checkpoints volume.
+on the checkpoints volume. The cluster profile the pipeline is compiled with goes to the launcher as a
+constant, so the job's pods get the same node selection, tolerations, user and pull Secrets as the
+pipeline's own tasks, and CPU/memory per GPU.
 """
 
 from kfp import dsl
@@ -56,7 +58,8 @@ def build_distributed_train(parallelism: int = PARALLELISM, storage_root: str = 
             job = launch_trainjob(data=prep.outputs["data"], run_spec=spec.output, epochs=epochs,
                                   train_options=train_options, storage_root=layout.root, kind=job_kind,
                                   num_nodes=num_nodes, gpus_per_node=gpus_per_node, image=IMAGE,
-                                  run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+                                  run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                                  profile=cluster.active_profile().model_dump(mode="json", exclude_none=True))
             job.set_display_name("launch multi-GPU training job")
             cluster.job_launcher(job, layout)
             cluster.light(evaluate(data=prep.outputs["data"], run=job.outputs["run"], split="test"))

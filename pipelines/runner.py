@@ -20,11 +20,14 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TextIO
 
 from mtlflow.config.pipeline import pipeline_config
 from mtlflow.core import atomic
 from mtlflow.core.errors import InvalidParameterError, MtlflowError, UnknownNameError
+
+if TYPE_CHECKING:
+    from mtlflow.config.cluster import ClusterProfile
 
 ALIASES = {"main": "benchmark_sweep"}
 #: pipelines that kfp.local can run (distributed_train creates Kubernetes objects)
@@ -96,18 +99,23 @@ def failure_reason(message: str, log_path: Path) -> str:
     return errors[-1] if errors else summary
 
 
-def compile_pipeline(out: str | Path, pipeline: str = "benchmark_sweep") -> Path:
+def compile_pipeline(out: str | Path, pipeline: str = "benchmark_sweep", profile: ClusterProfile | None = None) -> Path:
+    """The pipeline's IR YAML, its tasks set up by the cluster ``profile`` (``None``: the default profile)."""
     from kfp import compiler
+
+    from mtlflow.pipelines import cluster
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(get_pipeline(pipeline), str(out))
+    with cluster.profile_applied(profile):
+        compiler.Compiler().compile(get_pipeline(pipeline), str(out))
     return out
 
 
-def compile_all(out_dir: str | Path) -> list[Path]:
+def compile_all(out_dir: str | Path, profile: ClusterProfile | None = None) -> list[Path]:
     """Every pipeline's IR YAML as ``<out_dir>/<name>.yaml``."""
-    return [compile_pipeline(Path(out_dir) / f"{name}.yaml", pipeline=name) for name in pipeline_factories()]
+    return [compile_pipeline(Path(out_dir) / f"{name}.yaml", pipeline=name, profile=profile)
+            for name in pipeline_factories()]
 
 
 def _expected_tasks(name: str, pipeline_func: Callable, params: Mapping[str, Any]) -> int:

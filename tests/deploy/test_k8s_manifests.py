@@ -1,7 +1,8 @@
 """k8s/ manifests, validated offline: `kubectl kustomize` builds base and both overlays,
-kubernetes-validate (--strict, k8s 1.32) checks every core object, and the CRDs (TrainingRuntime,
-TrainJob, PyTorchJob -- no schema offline) are checked as dicts. Also the job manifests the
-launch_trainjob component submits, and its wait loop against a fake API."""
+kubernetes-validate (--strict, k8s 1.32) checks every core object and the vendored CRD schemas of
+Kubeflow Trainer v2.3.0 / training-operator v1.9.4 (k8s/schemas/) every custom resource, so no object
+goes unchecked. Also the RBAC's references, the claims' access modes and storage classes, the runtime's
+failure policy, the backend versions the guide states, and the job manifests launch_trainjob creates."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import kubernetes_schemas
 import pytest
 import yaml
 
+from mtlflow.config.cluster import ClusterProfile, load_profile
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.ops import k8s_jobs
 from mtlflow.ops.storage import VOLUMES, StorageLayout
@@ -21,7 +24,6 @@ from mtlflow.pipelines import cluster
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
 K8S_VERSION = "1.32.0"
-CRD_KINDS = {"TrainingRuntime", "TrainJob", "PyTorchJob"}
 
 
 def kustomize(path: Path) -> list[dict]:
@@ -41,17 +43,40 @@ def by_kind(objs, kind):
     return {o["metadata"]["name"]: o for o in objs if o["kind"] == kind}
 
 
-def test_core_objects_pass_strict_schema_validation(builds):
+def runtime_pod(objs):
+    (runtime,) = by_kind(objs, "TrainingRuntime").values()
+    return runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+
+
+def test_every_object_passes_strict_schema_validation(builds):
     import kubernetes_validate
 
     for name, objs in builds.items():
         kinds = {o["kind"] for o in objs}
-        assert {"Namespace", "PersistentVolumeClaim", "Role", "RoleBinding", "ResourceQuota", "LimitRange",
-                "TrainingRuntime"} <= kinds, name
+        assert {"Namespace", "PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "ResourceQuota",
+                "LimitRange", "TrainingRuntime"} <= kinds, name
         assert "Secret" not in kinds, "credentials must never be part of the kustomization"
         for obj in objs:
-            if obj["kind"] not in CRD_KINDS:
+            if (obj["apiVersion"], obj["kind"]) in kubernetes_schemas.custom_kinds():
+                assert kubernetes_schemas.errors(obj) == [], (name, obj["kind"])
+            else:
                 kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_crd_validation_rejects_what_the_current_trainer_removed():
+    """The runtime as it was (mlPolicy.torch.numProcPerNode, removed in Trainer v2.2.0) and a mistyped
+    TrainJob field are errors; a missing required field too."""
+    runtime = yaml.safe_load((K8S / "base" / "training-runtime.yaml").read_text())
+    assert kubernetes_schemas.errors(runtime) == []
+    runtime["spec"]["mlPolicy"]["torch"]["numProcPerNode"] = "auto"
+    assert kubernetes_schemas.errors(runtime) == [
+        "spec.mlPolicy.torch: Additional properties are not allowed ('numProcPerNode' was unexpected)"]
+    job = k8s_jobs.trainjob_manifest(_job())
+    job["spec"]["trainer"]["numProcsPerNode"] = 2
+    del job["spec"]["runtimeRef"]
+    assert set(kubernetes_schemas.errors(job)) == {
+        "spec: 'runtimeRef' is a required property",
+        "spec.trainer: Additional properties are not allowed ('numProcsPerNode' was unexpected)"}
 
 
 def test_strict_validation_catches_mistakes():
@@ -69,33 +94,71 @@ def test_every_object_lands_in_the_overlay_namespace(builds):
         objs = builds[name]
         assert set(by_kind(objs, "Namespace")) == {namespace}
         assert {o["metadata"].get("namespace") for o in objs if o["kind"] != "Namespace"} == {namespace}
-        (binding,) = by_kind(objs, "RoleBinding").values()
-        assert {(s["name"], s["namespace"]) for s in binding["subjects"]} == {
-            ("default-editor", namespace), ("pipeline-runner", namespace)}
         assert all(o["metadata"]["labels"]["mtlflow/environment"] == name for o in objs)
 
 
-def test_volumes_match_the_pipeline_mounts(builds):
-    layout = StorageLayout()
-    for objs in builds.values():
-        pvcs = by_kind(objs, "PersistentVolumeClaim")
-        assert set(pvcs) == set(VOLUMES)
-        assert all(p["spec"]["accessModes"] == ["ReadWriteMany"] for p in pvcs.values())
-        (runtime,) = by_kind(objs, "TrainingRuntime").values()
-        pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
-        mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
-        assert {claims[n]: mounts[n] for n in claims} == {c: layout.mount(c) for c in ("mtlflow-data", "mtlflow-checkpoints")}
-    assert all(p["spec"]["storageClassName"] == "shared-rwx"
-                                         for p in by_kind(builds["prod"], "PersistentVolumeClaim").values())
+def test_rbac_binds_our_own_service_account_to_our_role(builds):
+    """Every RoleBinding refers to a Role and to ServiceAccounts that the same build creates in its
+    namespace (no default-editor or pipeline-runner, which exist only in some KFP installations)."""
+    for name, objs in builds.items():
+        roles, accounts = by_kind(objs, "Role"), by_kind(objs, "ServiceAccount")
+        bindings = by_kind(objs, "RoleBinding")
+        assert bindings, name
+        for binding in bindings.values():
+            assert binding["roleRef"]["kind"] == "Role" and binding["roleRef"]["name"] in roles
+            namespace = binding["metadata"].get("namespace")
+            for subject in binding["subjects"]:
+                assert subject["kind"] == "ServiceAccount" and subject["name"] in accounts, (name, subject)
+                assert subject["namespace"] == namespace == accounts[subject["name"]]["metadata"].get("namespace")
+        profiles = {"dev": load_profile(K8S / "overlays/dev/profile.yaml"),
+                    "prod": load_profile(K8S / "overlays/prod/profile.yaml")}
+        if name in profiles:
+            assert profiles[name].service_account in accounts
+            assert profiles[name].namespace == set(by_kind(objs, "Namespace")).pop()
 
 
-def test_runner_may_manage_training_jobs(builds):
+def test_pipeline_account_may_manage_training_jobs_and_reads_no_other_secret(builds):
     (role,) = by_kind(builds["base"], "Role").values()
     grants = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
     for api in k8s_jobs.API.values():
         assert {"create", "get", "delete"} <= grants[(api[0], api[2])]
-    assert all("secrets" not in r for (_, r) in grants), "the runner needs no access to Secrets"
+    assert {"get", "list"} <= grants[("", "pods/log")]
+    for rule in role["rules"]:
+        if "secrets" in rule["resources"]:
+            assert rule["resourceNames"] == ["mlpipeline-minio-artifact"] and rule["verbs"] == ["get"]
+
+
+def test_claims_get_a_class_that_provides_their_access_mode(builds):
+    """The shared volumes are ReadWriteMany on a named class in every overlay (the clouds' default
+    classes are ReadWriteOnce); the model store, mounted by one pod at a time, is ReadWriteOnce."""
+    layout = StorageLayout()
+    expected_class = {"dev": "nfs-client", "prod": "shared-rwx"}
+    for name, objs in builds.items():
+        pvcs = by_kind(objs, "PersistentVolumeClaim")
+        assert set(pvcs) == set(VOLUMES)
+        modes = {claim: p["spec"]["accessModes"] for claim, p in pvcs.items()}
+        assert modes == {"mtlflow-data": ["ReadWriteMany"], "mtlflow-checkpoints": ["ReadWriteMany"],
+                         "mtlflow-models": ["ReadWriteOnce"]}
+        if name in expected_class:
+            for claim, pvc in pvcs.items():
+                if pvc["spec"]["accessModes"] == ["ReadWriteMany"]:
+                    assert pvc["spec"]["storageClassName"] == expected_class[name], (name, claim)
+        pod = runtime_pod(objs)
+        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
+        mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+        assert {claims[n]: mounts[n] for n in claims} == {c: layout.mount(c) for c in ("mtlflow-data", "mtlflow-checkpoints")}
+        assert {modes[c][0] for c in claims.values()} == {"ReadWriteMany"}
+
+
+def test_runtime_restarts_a_failed_node_and_runs_as_the_image_user(builds):
+    for objs in builds.values():
+        (runtime,) = by_kind(objs, "TrainingRuntime").values()
+        policy = runtime["spec"]["template"]["spec"]["failurePolicy"]
+        assert policy["maxRestarts"] >= 1 and policy["restartStrategy"] == "Recreate"
+        security = ClusterProfile().security
+        assert runtime_pod(objs)["securityContext"] == {
+            "runAsUser": security.run_as_user, "runAsGroup": security.run_as_group, "runAsNonRoot": True,
+            "fsGroup": security.fs_group, "fsGroupChangePolicy": "OnRootMismatch"}
 
 
 def test_gpu_quota_and_scheduling_per_environment(builds):
@@ -106,15 +169,26 @@ def test_gpu_quota_and_scheduling_per_environment(builds):
         (runtime,) = by_kind(builds[name], "TrainingRuntime").values()
         assert runtime["apiVersion"] == "trainer.kubeflow.org/v1alpha1"
         job = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]
-        assert job["name"] == "node"
+        assert job["name"] == k8s_jobs.TRAINER_NODE
         assert job["template"]["metadata"]["labels"]["trainer.kubeflow.org/trainjob-ancestor-step"] == "trainer"
         pod = job["template"]["spec"]["template"]["spec"]
-        assert pod["containers"][0]["name"] == "node"
-        assert pod["nodeSelector"] == {**k8s_jobs.GPU_NODE_SELECTOR, "nvidia.com/gpu.product": product}
-        assert k8s_jobs.GPU_TOLERATIONS[0] in pod["tolerations"]
-    prod_pod = by_kind(builds["prod"], "TrainingRuntime")["mtlflow-torch-distributed"]["spec"]["template"]["spec"][
-        "replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        assert pod["containers"][0]["name"] == k8s_jobs.TRAINER_NODE
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": product}
+    prod_pod = runtime_pod(builds["prod"])
     assert {"key": "dedicated", "operator": "Equal", "value": "ml-training", "effect": "NoSchedule"} in prod_pod["tolerations"]
+
+
+def test_guide_states_the_backend_versions_the_schemas_come_from():
+    """docs/guides/kubeflow.md names, as minimum versions, exactly the releases of k8s/schemas/versions.yaml."""
+    guide = (ROOT / "docs" / "guides" / "kubeflow.md").read_text()
+    section = guide.split("## Backend versions", 1)[1].split("\n## ", 1)[0]
+    releases = kubernetes_schemas.versions()
+    for label, key in (("Kubeflow Trainer", "kubeflow-trainer"), ("JobSet", "jobset"),
+                       ("training-operator", "training-operator"), ("KFP backend", "kfp-backend")):
+        assert f"| {label} | {releases[key]['version']} |" in section, label
+    for release in releases.values():
+        for file in (release.get("files") or {}).values():
+            assert (K8S / "schemas" / file).is_file()
 
 
 def test_secret_template_is_valid_but_holds_no_credentials(builds):
@@ -184,25 +258,56 @@ def test_job_names_are_rfc1035_labels_that_keep_the_hash():
         k8s_jobs.trainjob_manifest(k8s_jobs.DistributedTraining(name="Bad_Name", namespace="x", image="i", command=[]))
 
 
-def test_trainjob_manifest_shape():
-    job = _job(num_nodes=2, gpus_per_node=4)
+def test_trainjob_manifest_is_valid_for_the_current_trainer_and_carries_the_profile():
+    prod = load_profile(K8S / "overlays/prod/profile.yaml")
+    job = _job(num_nodes=2, gpus_per_node=4, profile=prod, timeout_seconds=3600)
     m = k8s_jobs.trainjob_manifest(job)
+    assert kubernetes_schemas.errors(m) == []
     assert (m["apiVersion"], m["kind"]) == ("trainer.kubeflow.org/v1alpha1", "TrainJob")
-    assert m["metadata"] == {"name": job.name, "namespace": "mtlflow", "labels": {"app.kubernetes.io/part-of": "mtlflow"}}
+    assert m["metadata"]["labels"] == {"app.kubernetes.io/part-of": "mtlflow"}
     assert m["spec"]["runtimeRef"] == {"name": "mtlflow-torch-distributed", "apiGroup": "trainer.kubeflow.org",
                                        "kind": "TrainingRuntime"}
+    assert m["spec"]["activeDeadlineSeconds"] == 3600
     trainer = m["spec"]["trainer"]
     assert trainer["numNodes"] == 2 and trainer["numProcPerNode"] == 4 and trainer["image"] == "reg/mtlflow:1"
-    assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "4"
     assert trainer["command"] == job.command
-    assert set(m["spec"]) == {"runtimeRef", "trainer"}
+    # prod's 8 CPU and 60Gi per GPU, times 4 GPUs (hand-computed)
+    assert trainer["resourcesPerNode"] == {"requests": {"cpu": "32", "memory": "240Gi", "nvidia.com/gpu": "4"},
+                                           "limits": {"memory": "240Gi", "nvidia.com/gpu": "4"}}
+    (patch,) = m["spec"]["runtimePatches"]
+    (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert node["name"] == "node"
+    pod = node["template"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == prod.node_selector
+    assert {"key": "dedicated", "operator": "Equal", "value": "ml-training", "effect": "NoSchedule"} in pod["tolerations"]
+    assert pod["securityContext"]["fsGroup"] == 1000 and pod["securityContext"]["runAsUser"] == 1000
+    assert pod["imagePullSecrets"] == [{"name": "mtlflow-registry"}]
+
+
+def test_trainjob_resources_follow_the_gpu_count():
+    one, eight = (k8s_jobs.trainjob_manifest(_job(gpus_per_node=g))["spec"]["trainer"]["resourcesPerNode"]
+                  for g in (1, 8))
+    assert one["requests"]["cpu"] == "8" and one["requests"]["memory"] == "32Gi"
+    assert eight["requests"]["cpu"] == "64" and eight["requests"]["memory"] == "256Gi"
+    half = ClusterProfile.model_validate({"trainjob": {"cpu_per_gpu": 0.5, "memory_per_gpu": "1536Mi"}})
+    three = k8s_jobs.trainjob_manifest(_job(gpus_per_node=3, profile=half))["spec"]["trainer"]["resourcesPerNode"]
+    assert three["requests"]["cpu"] == "1500m" and three["requests"]["memory"] == "4608Mi"
+
+
+def test_the_spec_digest_changes_with_the_inputs():
+    digest = lambda m: m["metadata"]["annotations"][k8s_jobs.SPEC_DIGEST]  # noqa: E731
+    base = digest(k8s_jobs.trainjob_manifest(_job()))
+    assert base == digest(k8s_jobs.trainjob_manifest(_job()))
+    assert base != digest(k8s_jobs.trainjob_manifest(_job(gpus_per_node=2)))
+    assert base != digest(k8s_jobs.trainjob_manifest(_job(profile=load_profile(K8S / "overlays/dev/profile.yaml"))))
 
 
 def test_pytorchjob_manifest_shape_and_valid_pod_template():
     import kubernetes_validate
 
-    job = _job(num_nodes=3, gpus_per_node=2)
+    job = _job(num_nodes=3, gpus_per_node=2, profile=load_profile(K8S / "overlays/prod/profile.yaml"))
     m = k8s_jobs.pytorchjob_manifest(job)
+    assert kubernetes_schemas.errors(m) == []
     assert (m["apiVersion"], m["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
     assert m["spec"]["nprocPerNode"] == "2" and m["spec"]["runPolicy"]["backoffLimit"] == 3
     replicas = m["spec"]["pytorchReplicaSpecs"]
@@ -211,48 +316,13 @@ def test_pytorchjob_manifest_shape_and_valid_pod_template():
         container = spec["template"]["spec"]["containers"][0]
         assert container["name"] == "pytorch" and container["command"] == job.command
         assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+        assert container["resources"]["requests"]["cpu"] == "16"
         mounts = {v["mountPath"] for v in container["volumeMounts"]}
         assert {"/mnt/mtlflow/data", "/mnt/mtlflow/checkpoints", "/dev/shm"} == mounts
+        assert spec["template"]["spec"]["tolerations"] == job.profile.tolerations_manifest()
         # the replica's pod template is a core PodTemplateSpec: validate it as a Pod
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", **spec["template"]["metadata"]},
                "spec": spec["template"]["spec"]}
         kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
     single = k8s_jobs.pytorchjob_manifest(_job(num_nodes=1))
     assert set(single["spec"]["pytorchReplicaSpecs"]) == {"Master"}
-
-
-class FakeCustomObjects:
-    def __init__(self, states, exists=False):
-        self.states, self.exists, self.created, self.polls = list(states), exists, [], 0
-
-    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
-        if self.exists:
-            error = RuntimeError("conflict")
-            error.status = 409
-            raise error
-        self.created.append((group, version, namespace, plural, body["metadata"]["name"]))
-
-    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
-        self.polls += 1
-        kind = self.states.pop(0) if self.states else None
-        conditions = [{"type": kind, "status": "True", "reason": "BackoffLimitExceeded", "message": "pod OOMKilled"}] \
-            if kind else []
-        return {"status": {"conditions": conditions}}
-
-
-def test_submit_and_wait_polls_until_complete_and_reattaches_on_retry():
-    api = FakeCustomObjects([None, "Created", "Complete"])
-    k8s_jobs.submit_and_wait(k8s_jobs.trainjob_manifest(_job()), api, sleep=lambda s: None)
-    assert api.created[0][:4] == ("trainer.kubeflow.org", "v1alpha1", "mtlflow", "trainjobs") and api.polls == 3
-    again = FakeCustomObjects(["Succeeded"], exists=True)
-    k8s_jobs.submit_and_wait(k8s_jobs.pytorchjob_manifest(_job()), again, sleep=lambda s: None)
-    assert again.created == [] and again.polls == 1
-
-
-def test_submit_and_wait_reports_failure_and_timeout():
-    with pytest.raises(k8s_jobs.JobFailedError, match="BackoffLimitExceeded: pod OOMKilled"):
-        k8s_jobs.submit_and_wait(k8s_jobs.trainjob_manifest(_job()), FakeCustomObjects(["Failed"]), sleep=lambda s: None)
-    clock = iter(range(0, 1000, 10))
-    with pytest.raises(k8s_jobs.JobFailedError, match="did not finish within 25 s"):
-        k8s_jobs.submit_and_wait(k8s_jobs.trainjob_manifest(_job()), FakeCustomObjects([]), timeout_seconds=25,
-                                 sleep=lambda s: None, clock=lambda: next(clock))

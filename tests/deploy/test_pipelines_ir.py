@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from mtlflow.cli import main
+from mtlflow.config.cluster import ClusterProfile
 from mtlflow.ops.storage import CLUSTER_ROOT
 from mtlflow.pipelines import cluster
 from mtlflow.pipelines.benchmark_sweep import PARALLELISM
@@ -41,8 +42,9 @@ def test_training_requests_gpu_cpu_memory_and_retries(compiled):
         for executor in [e for e in ir["deploymentSpec"]["executors"] if e.startswith("exec-train")]:
             res = ir["deploymentSpec"]["executors"][executor]["container"]["resources"]
             assert res["accelerator"]["resourceType"] == "nvidia.com/gpu" and res["accelerator"]["resourceCount"] == "1"
-            assert res["resourceCpuRequest"] == cluster.TRAIN_RESOURCES["cpu_request"]
-            assert res["resourceMemoryLimit"] == cluster.TRAIN_RESOURCES["memory_limit"]
+            train = ClusterProfile().resources["train"]  # compiled without --profile: the default profile
+            assert res["resourceCpuRequest"] == train.cpu_request
+            assert res["resourceMemoryLimit"] == train.memory_limit
         train_tasks = [t for n, t in tasks(ir).items() if t["componentRef"]["name"].startswith("comp-train")]
         assert train_tasks
         for task in train_tasks:
@@ -63,10 +65,35 @@ def test_training_checkpoints_to_the_pvc_and_schedules_on_gpu_nodes(compiled):
         roots = {t["inputs"]["parameters"]["checkpoint_root"]["runtimeValue"]["constant"]
                  for t in tasks(ir).values() if t["componentRef"]["name"].startswith("comp-train")}
         assert roots == {f"{CLUSTER_ROOT}/checkpoints/runs"}
-        # the run directory under that root is keyed by the pipeline run too: no other run resumes from it
-        run_ids = {t["inputs"]["parameters"]["run_id"]["runtimeValue"]["constant"]
-                   for t in tasks(ir).values() if t["componentRef"]["name"].startswith("comp-train")}
-        assert run_ids == {"{{$.pipeline_job_uuid}}"}
+
+
+#: KFP's placeholders of the pipeline run (id, name, resource name, create time, ...): a run-specific input
+RUN_PLACEHOLDER = "{{$.pipeline_job_"
+
+
+def _constants(task):
+    return [p.get("runtimeValue", {}).get("constant") for p in task.get("inputs", {}).get("parameters", {}).values()]
+
+
+@pytest.mark.parametrize("name", ["benchmark_sweep", "retrain"])
+def test_cached_tasks_are_keyed_by_their_inputs_and_the_data_step_is_not_cached(compiled, name):
+    """KFP reuses a succeeded task whose inputs are the same: a cached task must not take a value that
+    changes with every pipeline run, or it is never reused (the old ``train`` took the run id)."""
+    all_tasks = tasks(compiled[name]["ir"])
+    cached = {n: t for n, t in all_tasks.items() if caching(t)}
+    assert "train" in cached
+    assert {n: c for n, t in cached.items() for c in _constants(t) if RUN_PLACEHOLDER in str(c)} == {}
+    assert set(all_tasks["train"]["inputs"]["parameters"]) == {"run_spec", "epochs", "train_options",
+                                                               "checkpoint_root", "pushgateway", "pipeline_name"}
+    assert set(all_tasks["train"]["inputs"]["artifacts"]) == {"data"}
+    # the DVC remote comes from a Secret that no cache key sees, and pushing is a side effect: never cached
+    assert not caching(all_tasks["prepare-data"])
+    # the steps that take the run's name push it to the Pushgateway and record it: never cached
+    takes_run = {n for n, t in all_tasks.items() if any(RUN_PLACEHOLDER in str(c) for c in _constants(t))}
+    assert "record-status" in takes_run and not any(caching(all_tasks[n]) for n in takes_run)
+    if name == "benchmark_sweep":
+        assert all_tasks["aggregate"]["inputs"]["parameters"]["run_name"]["runtimeValue"]["constant"] == \
+            "{{$.pipeline_job_name}}"
 
 
 def test_data_step_gets_the_dvc_secret_as_env_and_the_data_volume(compiled):
@@ -102,7 +129,7 @@ def test_retrain_promotes_only_if_better_and_never_from_cache(compiled):
     assert condition["triggerPolicy"]["condition"] == \
         "inputs.parameter_values['pipelinechannel--compare-to-champion-Output'] == true"
     assert not caching(all_tasks["compare-to-champion"]) and not caching(all_tasks["promote"])
-    assert caching(all_tasks["train"]) and caching(all_tasks["prepare-data"])
+    assert caching(all_tasks["train"]) and not caching(all_tasks["prepare-data"])
     for executor in ("exec-compare-to-champion", "exec-promote"):
         assert [m["mountPath"] for m in k8s[executor]["pvcMount"]] == [f"{CLUSTER_ROOT}/models"]
     assert all_tasks["promote"]["inputs"]["parameters"]["model_store"]["runtimeValue"]["constant"] == \

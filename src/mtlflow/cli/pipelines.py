@@ -15,13 +15,16 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     from mtlflow.pipelines import runner
 
     if args.pipeline_command == "compile":
+        from mtlflow.config.cluster import load_profile
+
+        profile = load_profile(args.profile) if args.profile else None
         if args.all:
-            for path in runner.compile_all(args.out_dir):
+            for path in runner.compile_all(args.out_dir, profile=profile):
                 print(f"compiled {path.stem} pipeline to {path}")
             return 0
         name = runner.canonical_name(args.pipeline)
         out = args.out or str(Path(args.out_dir) / f"{name}.yaml")
-        path = runner.compile_pipeline(out, pipeline=name)
+        path = runner.compile_pipeline(out, pipeline=name, profile=profile)
         print(f"compiled {name} pipeline to {path}")
         return 0
     params = runner.load_params(args.params_file, parse_assignments(args.param, "--param"))
@@ -73,6 +76,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--all", action="store_true", help="every pipeline, as OUT_DIR/<name>.yaml")
     q.add_argument("--out", help="output file (default OUT_DIR/<name>.yaml)")
     q.add_argument("--out-dir", default="build", help="output directory (default build)")
+    q.add_argument("--profile", metavar="FILE", help="cluster profile YAML (node selector, tolerations, accelerator, "
+                   "resources, UID/fsGroup, pull Secrets), e.g. k8s/overlays/prod/profile.yaml; default: NVIDIA "
+                   "GPU Operator labels, UID 1000")
     q = psub.add_parser("submit", help="validate, compile and start one run on a KFP cluster")
     pipeline_params(q, "retrain")
     cluster_target(q)
