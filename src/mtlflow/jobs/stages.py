@@ -17,6 +17,9 @@ parameters, with the same names -- plus a ``dvc`` section with what only this pi
   (``dvc exp run -S dvc.experiment_method=X``);
 * ``metrics/train/<method>-s<seed>.json``, ``metrics/evaluate.json``, ``metrics/summary.json`` and
   ``metrics/experiment.json`` -- DVC metrics;
+* ``plots/train/<method>-s<seed>/<task>.json`` and ``plots/experiment/s<seed>/<task>.json`` -- DVC plots: per epoch,
+  the task's mean training loss and its primary metric on val and test (:func:`epoch_curves`);
+  ``plots/pareto.json`` -- every sweep method's primary-metric error per task and whether it is Pareto-optimal;
 * ``reports/latest`` and ``reports/experiment`` -- the aggregate reports (HTML, plots, tables).
 """
 
@@ -38,6 +41,7 @@ RUNS = Path("runs/mtl")
 REFERENCES = Path("runs/reference")
 EVALUATIONS = Path("runs/evaluation")
 EXPERIMENTS = Path("runs/experiment")
+PLOTS = Path("plots")
 
 
 @dataclass(frozen=True)
@@ -103,10 +107,30 @@ def _train_method(params: DvcParams, method: str, seed: int, hparams: dict[str, 
                       **_train_options(params))
 
 
+def epoch_curves(run_dir: Path) -> dict[str, list[dict[str, float]]]:
+    """Per task of a run, one row per epoch: its mean training loss and its primary metric on val and test (the
+    rows of a DVC plot, whose fields must have the same names in every file)."""
+    metrics = atomic.read_json(run_dir / "metrics.json", "run metrics")
+    curves = {}
+    for task in metrics["tasks"]:
+        primary = metrics["primary_metrics"][task]
+        curves[task] = [{"epoch": epoch["epoch"], "train_loss": epoch["train_loss"][task],
+                         "val": epoch["splits"]["val"][task][primary], "test": epoch["splits"]["test"][task][primary]}
+                        for epoch in metrics["epochs"]]
+    return curves
+
+
+def write_epoch_curves(run_dir: Path, out_dir: Path) -> None:
+    for task, rows in epoch_curves(run_dir).items():
+        atomic.write_json(out_dir / f"{task}.json", rows)
+
+
 def stage_train(params: DvcParams, method: str, seed: int) -> None:
     hparams = params.sweep.method_hparams.get(method, {})
-    result = _train_method(params, method, seed, hparams, RUNS / run_name(method, seed))
+    out = RUNS / run_name(method, seed)
+    result = _train_method(params, method, seed, hparams, out)
     atomic.write_json(Path("metrics/train") / f"{run_name(method, seed)}.json", flat_metrics(result["final"]["test"]))
+    write_epoch_curves(out, PLOTS / "train" / run_name(method, seed))
 
 
 def stage_reference(params: DvcParams, task: str, seed: int) -> None:
@@ -138,6 +162,15 @@ def stage_aggregate(params: DvcParams) -> None:
     runs = [RUNS / run_name(m, s) for m in params.sweep.methods for s in params.sweep.seeds]
     summary = jobs.aggregate(runs, Path("reports/latest"), reference_dirs=_reference_dirs(params))
     atomic.write_json(Path("metrics/summary.json"), _scores(summary))
+    atomic.write_json(PLOTS / "pareto.json", pareto_points(summary))
+
+
+def pareto_points(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per sweep method: its primary-metric error on each task (``<task> error``, lower is better, the
+    axes of the report's Pareto plot) and whether no other method beats it on every task."""
+    return [{"method": label, **{f"{task} error": error for task, error in zip(summary["tasks"], row["primary_errors"])},
+             "pareto_optimal": row["pareto_optimal"]}
+            for label, row in summary["methods"].items()]
 
 
 def stage_experiment(params: DvcParams) -> None:
@@ -148,6 +181,8 @@ def stage_experiment(params: DvcParams) -> None:
     for seed in params.sweep.seeds:
         out = EXPERIMENTS / run_name(method, seed)
         _train_method(params, method, seed, params.experiment_hparams, out)
+        # one path per seed whatever the method: `dvc plots diff` overlays the experiments' methods
+        write_epoch_curves(out, PLOTS / "experiment" / f"s{seed}")
         runs.append(out)
     summary = jobs.aggregate(runs, Path("reports/experiment"), reference_dirs=_reference_dirs(params))
     (label, row), = summary["methods"].items()
