@@ -100,14 +100,15 @@ def failure_reason(message: str, log_path: Path) -> str:
 
 
 def compile_pipeline(out: str | Path, pipeline: str = "benchmark_sweep", profile: ClusterProfile | None = None) -> Path:
-    """The pipeline's IR YAML, its tasks set up by the cluster ``profile`` (``None``: the default profile)."""
+    """The pipeline's IR YAML, its tasks set up by the cluster ``profile`` (``None``: the profile already
+    active, :func:`mtlflow.pipelines.cluster.profile_applied`, else the default one)."""
     from kfp import compiler
 
     from mtlflow.pipelines import cluster
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with cluster.profile_applied(profile):
+    with cluster.profile_applied(profile) if profile is not None else contextlib.nullcontext():
         compiler.Compiler().compile(get_pipeline(pipeline), str(out))
     return out
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import kubernetes_schemas
 import pytest
 import yaml
+from test_submit_client import kfp_api  # noqa: F401 -- the loopback KFP API server fixture
 
 from mtlflow.cli import main
 from mtlflow.config.cluster import ClusterProfile, load_profile
@@ -121,6 +122,19 @@ def test_trainjobs_using_the_whole_gpu_quota_fit_its_cpu_and_memory(env):
     cpu = profile.trainjob.cpu(gpus)
     assert (float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)) <= float(hard["requests.cpu"])
     assert to_bytes(profile.trainjob.memory(gpus)) <= to_bytes(hard["requests.memory"])
+
+
+def test_submit_compiles_for_the_profile_and_runs_as_its_service_account(kfp_api, capsys):  # noqa: F811
+    """`submit --profile` uploads the pipeline compiled for that cluster (against the loopback KFP API of
+    test_submit_client: no KFP server can run here) and runs it as the profile's ServiceAccount."""
+    host, api = kfp_api
+    assert main(["pipeline", "submit", "--host", host, "--profile", str(OVERLAYS / "prod" / "profile.yaml"),
+                 "--param", "method=famo", "--param", "epochs=2"]) == 0
+    (upload,) = [r for r in api.requests if r["path"].endswith("/pipelines/upload")]
+    _, platform = yaml.safe_load_all(upload["body"]["uploadfile"])
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert DEDICATED in executors["exec-train"]["tolerations"]
+    assert api.requests[-1]["body"]["service_account"] == "mtlflow-pipeline"
 
 
 def test_a_bad_profile_is_one_line_and_nothing_is_written(tmp_path, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 
@@ -32,17 +33,23 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         result = runner.run_local(params, workdir=args.workdir, pipeline=args.pipeline, storage_root=args.storage_root)
         print(f"{'report' if result.suffix == '.html' else 'result'}: {result}")
         return 0
+    from mtlflow.config.cluster import load_profile
     from mtlflow.ops import kfp_client
+    from mtlflow.pipelines import cluster
 
-    if args.pipeline_command == "submit":
-        info = kfp_client.submit(args.host, args.pipeline, params, experiment=args.experiment,
-                                 run_name=args.run_name, namespace=args.namespace,
-                                 enable_caching=False if args.no_cache else None,
-                                 service_account=args.service_account)
-    else:
-        info = kfp_client.schedule(args.host, args.pipeline, args.cron, params, experiment=args.experiment,
-                                   job_name=args.job_name, namespace=args.namespace,
-                                   service_account=args.service_account)
+    # the pipeline is compiled for the profile's cluster, and its pods run as the profile's account
+    profile = load_profile(args.profile) if args.profile else None
+    service_account = args.service_account or (profile.service_account if profile else None)
+    with cluster.profile_applied(profile) if profile else contextlib.nullcontext():
+        if args.pipeline_command == "submit":
+            info = kfp_client.submit(args.host, args.pipeline, params, experiment=args.experiment,
+                                     run_name=args.run_name, namespace=args.namespace,
+                                     enable_caching=False if args.no_cache else None,
+                                     service_account=service_account)
+        else:
+            info = kfp_client.schedule(args.host, args.pipeline, args.cron, params, experiment=args.experiment,
+                                       job_name=args.job_name, namespace=args.namespace,
+                                       service_account=service_account)
     print(json.dumps(info))
     return 0
 
@@ -63,7 +70,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "(token from $MTLFLOW_KFP_TOKEN)")
         q.add_argument("--experiment", default="mtlflow", help="experiment name (created if missing)")
         q.add_argument("--namespace", help="Kubeflow profile namespace (multi-user deployments)")
-        q.add_argument("--service-account", help="Kubernetes service account of the run's pods")
+        q.add_argument("--service-account", help="Kubernetes service account of the run's pods (default: the "
+                       "profile's, e.g. mtlflow-pipeline)")
+        q.add_argument("--profile", metavar="FILE", help="cluster profile YAML the pipeline is compiled for, e.g. "
+                       "k8s/overlays/prod/profile.yaml (docs/guides/kubeflow.md, Cluster profiles)")
 
     q = psub.add_parser("run", help="run with kfp.local's SubprocessRunner")
     q.add_argument("--local", action="store_true", required=True, help="run on this machine (kfp.local)")
