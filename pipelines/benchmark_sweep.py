@@ -7,8 +7,16 @@ evaluate, compare -- and always record how the run ended.
     }
 
 On the cluster every ``train`` requests one GPU, CPU and memory, is retried with back-off and keeps
-its run directory on the checkpoints PVC, so a retried or preempted task resumes from its last
-epoch; loops run at most ``parallelism`` tasks at once. kfp.local ignores the cluster settings.
+its run directory on the checkpoints PVC under a key of its inputs (spec, data content hash, epochs,
+options), so a retried or preempted task resumes from its last epoch and a finished training of the
+same inputs -- from any earlier run -- is reused, while a failed one is trained again; loops run at
+most ``parallelism`` tasks at once. kfp.local ignores the cluster settings.
+
+Caching: ``prepare_data`` is never cached -- its DVC remote (and credentials) come from the
+``mtlflow-dvc-remote`` Secret, which is not part of a KFP cache key, and a cache hit would skip the
+push to a newly configured remote. Its output is a new artifact in every run, so KFP's cache does not
+hit downstream of it either; the reuse of finished trainings is the run key's on the checkpoints PVC.
+The exit handler and ``aggregate`` push to the Pushgateway and are not cached either.
 """
 
 from typing import List
@@ -42,22 +50,23 @@ def status_handler(pipeline: str, layout: StorageLayout, pushgateway="") -> dsl.
 
 def versioned_data(layout: StorageLayout, benchmark, data_options, spec, spec_rev, data_version,
                    dvc_remote) -> dsl.PipelineTask:
-    """prepare_data with the DVC remote (Secret on the cluster, the data volume's directory by default)."""
+    """prepare_data with the DVC remote (Secret on the cluster, the data volume's directory by default);
+    not cached: the Secret is not part of the cache key (see the module docstring)."""
     task = prepare_data(benchmark=benchmark, data_options=data_options, spec=spec, spec_rev=spec_rev,
                         data_version=data_version, dvc_remote=dvc_remote, default_remote=layout.dvc_remote,
                         dvc_cache=layout.dvc_cache)
     task.set_display_name("prepare and version data")
-    return cluster.data_access(task, layout)
+    return cluster.uncached(cluster.data_access(task, layout))
 
 
 def training(layout: StorageLayout, data, run_spec, epochs, train_options, pushgateway="",
              pipeline_name: str = "") -> dsl.PipelineTask:
-    """One GPU training task that checkpoints to (and resumes from) the checkpoints volume -- in a
-    directory of this pipeline run only -- and pushes its telemetry to ``pushgateway`` (empty: off)
-    labelled ``pipeline=pipeline_name``."""
+    """One GPU training task that checkpoints to (and resumes from) the checkpoints volume -- in the
+    directory of its inputs' run key, shared by every pipeline run with the same inputs -- and pushes its
+    telemetry to ``pushgateway`` (empty: off) labelled ``pipeline=pipeline_name`` and ``run=<run key>``.
+    No run id among its inputs, so its cache key depends on its inputs only."""
     task = train(data=data, run_spec=run_spec, epochs=epochs, train_options=train_options,
-                 checkpoint_root=layout.checkpoints, pushgateway=pushgateway, pipeline_name=pipeline_name,
-                 run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+                 checkpoint_root=layout.checkpoints, pushgateway=pushgateway, pipeline_name=pipeline_name)
     return cluster.gpu_training(task, layout)
 
 
@@ -100,6 +109,7 @@ def build_benchmark_sweep(parallelism: int = PARALLELISM, storage_root: str = CL
             # not cached: a cached comparison would push nothing to the Pushgateway
             cluster.uncached(cluster.light(aggregate(
                 runs=dsl.Collected(trained.outputs["run"]), references=dsl.Collected(reference.outputs["run"]),
-                method_set=methods, pushgateway=pushgateway, pipeline_name="benchmark_sweep")))
+                method_set=methods, pushgateway=pushgateway, pipeline_name="benchmark_sweep",
+                run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER)))
 
     return benchmark_sweep

@@ -139,7 +139,7 @@ class ExportedSweep:
 @pytest.fixture(scope="session")
 def exported_sweep(pushgateway, multimnist_small, tmp_path_factory) -> ExportedSweep:
     """MGDA trained 2 epochs with the exporter (and a stand-in COST adding 3 teleports per epoch),
-    single-task references, the aggregate pushed, and a FAILED pipeline status pushed."""
+    single-task references, the aggregate pushed, and the statuses of a FAILED and a SUCCEEDED pipeline run."""
     from mtlflow import jobs
     from mtlflow.ops.observability import PrometheusExporter, export_run_status, export_summary
 
@@ -157,4 +157,5 @@ def exported_sweep(pushgateway, multimnist_small, tmp_path_factory) -> ExportedS
                              reference_dirs=[root / "ref-left", root / "ref-right"])
     assert export_summary(summary, pushgateway.url, pipeline="test-sweep")
     assert export_run_status(pushgateway.url, pipeline="test-sweep", run="test-sweep-run-1", state="FAILED")
+    assert export_run_status(pushgateway.url, pipeline="test-sweep", run="test-sweep-run-2", state="SUCCEEDED")
     return ExportedSweep(pushgateway, root / "mgda", summary, pushgateway.metrics_text())

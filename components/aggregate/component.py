@@ -11,18 +11,18 @@ from mtlflow.components.image import IMAGE
 def aggregate(runs: dsl.Input[List[dsl.Artifact]], references: dsl.Input[List[dsl.Artifact]],
               method_set: List[str], results: dsl.Output[dsl.Artifact], report: dsl.Output[dsl.HTML],
               metrics: dsl.Output[dsl.Metrics], summary: dsl.Output[dsl.Markdown],
-              pushgateway: str = "", pipeline_name: str = ""):
+              pushgateway: str = "", pipeline_name: str = "", run_name: str = ""):
     """Compare the runs against the single-task references; the HTML report embeds the Pareto plot,
     the per-method table and the learning curves, ``summary`` is the Markdown table, ``metrics`` holds
     per method its Δm%, mean rank, hypervolume and each task's primary metric. With ``pushgateway``
     (else ``$MTLFLOW_PUSHGATEWAY``; neither: off) the comparison is pushed to Prometheus under
-    ``pipeline_name``."""
+    ``pipeline_name`` and ``run_name`` (the pipeline run's name)."""
     import json
 
     from mtlflow.jobs import pipeline_steps
 
     result = pipeline_steps.aggregate([r.path for r in runs], [r.path for r in references], method_set, results.path,
-                                      report.path, summary.path, pushgateway, pipeline_name)
+                                      report.path, summary.path, pushgateway, pipeline_name, run_name)
     results.metadata.update(result["metadata"])
     for name, value in result["metrics"].items():
         metrics.log_metric(name, value)

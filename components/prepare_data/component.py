@@ -21,6 +21,9 @@ def prepare_data(benchmark: str, data_options: dict, data: dsl.Output[dsl.Datase
     but not pushed. The artifact metadata records the benchmark, its data options, the task names, the
     SHA-256 content hash and the data version ``{git_revision, dvc_hash, dvc_remote}``; training
     refuses data that does not match them.
+
+    The pipelines run it uncached: the Secret's remote is not part of a KFP cache key, and a cache
+    hit would skip the push to a newly configured remote (docs/guides/kubeflow.md, Caching).
     """
     from mtlflow.jobs import pipeline_steps
 

@@ -12,7 +12,7 @@ def record_status(status: dsl.PipelineTaskFinalStatus, pipeline: str, job_name: 
     and the time; runs after the pipeline's tasks whether they succeeded or not. Returns the path.
 
     With ``pushgateway`` (else ``$MTLFLOW_PUSHGATEWAY``; neither: off) the final state is also pushed to
-    Prometheus (``mtlflow_pipeline_last_run_succeeded`` and friends, grouped by pipeline only)."""
+    Prometheus (``mtlflow_pipeline_last_run_succeeded`` and friends, grouped by pipeline and run)."""
     from mtlflow.jobs import pipeline_steps
 
     return pipeline_steps.record_status(status_dir, pipeline, job_name, status.state, status.error_code,

@@ -9,33 +9,32 @@ from mtlflow.components.image import IMAGE
 def train(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, train_options: dict,
           run: dsl.Output[dsl.Artifact], model: dsl.Output[dsl.Model], metrics: dsl.Output[dsl.Metrics],
           report: dsl.Output[dsl.HTML], summary: dsl.Output[dsl.Markdown],
-          checkpoint_root: str = "", pushgateway: str = "", pipeline_name: str = "", run_id: str = ""):
+          checkpoint_root: str = "", pushgateway: str = "", pipeline_name: str = ""):
     """Train the run described by ``run_spec`` (JSON from plan_runs/plan_references/plan_run).
 
     Refuses to train when the data's SHA-256 content hash or DVC hash differs from the ones recorded
     by prepare_data. With ``checkpoint_root`` (a PVC on the cluster) the run directory lives at
-    ``<checkpoint_root>/<run key>`` -- the key hashes the spec, the data version, the epochs, the
-    options and ``run_id`` (the pipeline run's id) -- and training resumes from the checkpoint there,
-    so a retried or preempted task continues where it stopped and another pipeline run starts afresh;
-    the finished run is then copied to the ``run`` artifact (without the
-    checkpoint). Writes the run directory as ``run``, the weights as ``model``, the selected final
-    test metrics as ``metrics``, the run's HTML report (metrics, learning curves, telemetry) as
-    ``report`` and a Markdown summary as ``summary``.
+    ``<checkpoint_root>/<run key>`` -- the key hashes the task's inputs only (the spec, the data's
+    content hash, the epochs and the options; no run id) -- so a finished run of the same inputs, from
+    this or any earlier pipeline run, is reused without training; a run that stopped with an error is
+    trained again from scratch; a retried or preempted task resumes from the checkpoint there. The
+    run is then copied to the ``run`` artifact (without the checkpoint). Writes the run directory as
+    ``run``, the weights as ``model``, the selected final test metrics as ``metrics``, the run's HTML
+    report (metrics, learning curves, telemetry) as ``report`` and a Markdown summary as ``summary``.
 
     ``train_options`` are RunConfig fields by name; with ``teleport: cost`` (and ``teleport_options``) COST
     wraps the method, except in single-task references.
 
     With ``pushgateway`` (else ``$MTLFLOW_PUSHGATEWAY`` of the pod; neither: off) the epoch telemetry is
-    pushed to that Prometheus Pushgateway, labelled with ``pipeline_name``; a push failure only logs a
-    warning.
+    pushed to that Prometheus Pushgateway, labelled with ``pipeline_name`` and the run key (``run``); a
+    push failure only logs a warning. A reused run pushes nothing.
     """
     import json
 
     from mtlflow.jobs import pipeline_steps
 
     result = pipeline_steps.train(data.path, dict(data.metadata), run.path, model.path, report.path, summary.path,
-                                  run_spec, epochs, train_options, checkpoint_root, pushgateway, pipeline_name,
-                                  run_id)
+                                  run_spec, epochs, train_options, checkpoint_root, pushgateway, pipeline_name)
     for artifact in (run, model):
         artifact.metadata.update(result["metadata"])
     for name, value in pipeline_steps.flat_metrics("test", result["metrics"]).items():

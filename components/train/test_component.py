@@ -50,3 +50,108 @@ def test_train_writes_an_html_report_and_a_markdown_summary(tiny_runs):
     assert summary.startswith("# mgda on multimnist (seed 0)") and "status: **completed**" in summary
     acc = metrics["final"]["test"]["left"]["acc"]
     assert "| left | " in summary and f"{acc:.4g}" in summary
+
+
+SPEC = json.dumps({"method": "ls", "seed": 0, "hparams": {}})
+FAST = {"batch_size": 64, "max_steps_per_epoch": 2}
+
+
+def _train_step(data, root, name, tmp_path, spec=SPEC, epochs=1, options=FAST):
+    from mtlflow.jobs import pipeline_steps
+
+    arts = train_artifacts(tmp_path, name)
+    return pipeline_steps.train(data.path, dict(data.metadata), arts["run"].path, arts["model"].path,
+                                arts["report"].path, arts["summary"].path, spec, epochs, options,
+                                checkpoint_root=str(root))
+
+
+class MarkFirstEpochThenFail:
+    """A trainer callback: tags epoch 1's record (so a later run shows whether it kept that epoch) and,
+    with ``fail``, raises at the start of epoch 2 -- a run that stops with an error, not an interruption."""
+
+    name = "mark-then-fail"
+
+    def __init__(self, error: type[BaseException] = RuntimeError):
+        self.error = error
+
+    def __getattr__(self, hook):  # every other trainer hook: nothing to do
+        return lambda *args, **kwargs: None
+
+    def on_epoch_end(self, trainer, record):
+        record["marker"] = "first attempt"
+
+    def on_epoch_start(self, trainer, epoch):
+        if epoch == 2:
+            raise self.error("stopped on purpose")
+
+
+def test_run_key_is_the_inputs_and_a_finished_run_is_reused(tiny_dataset, tmp_path):
+    from mtlflow.config.pipeline import run_key
+
+    data, _ = tiny_dataset
+    root = tmp_path / "checkpoints"
+    first = _train_step(data, root, "first", tmp_path)
+    key = first["metadata"]["run_key"]
+    assert first["state"] == "resume" and key == run_key(SPEC, data.metadata["content_hash"], 1, FAST)
+    run_dir = root / key
+    trained = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
+    # the same inputs in another pipeline run: the finished run is reused, nothing is trained or rewritten
+    second = _train_step(data, root, "second", tmp_path)
+    assert second["state"] == "reuse" and second["metadata"]["run_key"] == key
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == trained
+    assert second["metrics"] == first["metrics"]
+    assert (tmp_path / "second.pt").read_bytes() == (tmp_path / "first.pt").read_bytes()
+    # other inputs, another run directory
+    other = _train_step(data, root, "other", tmp_path, spec=json.dumps({"method": "ls", "seed": 1, "hparams": {}}))
+    assert other["state"] == "resume" and other["metadata"]["run_key"] != key
+    assert run_key(SPEC, data.metadata["content_hash"], 2, FAST) != key != \
+        run_key(SPEC, data.metadata["content_hash"], 1, {**FAST, "batch_size": 32})
+    assert sorted(p.name for p in root.iterdir()) == sorted([key, other["metadata"]["run_key"]])
+
+
+@pytest.mark.parametrize("error, state, kept", [(RuntimeError, "retrain", False), (KeyboardInterrupt, "resume", True)])
+def test_a_failed_run_is_trained_again_and_an_interrupted_one_resumed(tiny_dataset, tmp_path, error, state, kept):
+    from mtlflow import jobs
+    from mtlflow.config.pipeline import run_key
+
+    data, _ = tiny_dataset
+    root = tmp_path / "checkpoints"
+    run_dir = root / run_key(SPEC, data.metadata["content_hash"], 2, FAST)
+    with pytest.raises(error):  # the same training, stopped in epoch 2 after epoch 1's checkpoint
+        jobs.train(data.path, run_dir, method="ls", seed=0, epochs=2, expected_hash=data.metadata["content_hash"],
+                   progress=False, callbacks=[MarkFirstEpochThenFail(error)], **FAST)
+    expected_status = "failed" if error is RuntimeError else "interrupted"
+    assert json.loads((run_dir / "run.json").read_text())["status"] == expected_status
+    result = _train_step(data, root, "again", tmp_path, epochs=2)
+    assert result["state"] == state
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "completed" and len(metrics["epochs"]) == 2
+    # a failed run is not reused, not even its first epoch; an interrupted one continues from it
+    assert ("marker" in metrics["epochs"][0]) is kept
+
+
+def test_a_second_identical_local_pipeline_run_reuses_the_finished_training(tiny_dataset, tmp_path, capfd):
+    """kfp.local (SubprocessRunner) has no task cache: the reuse across pipeline runs is the run key's
+    on the checkpoint root, which is what this checks with two runs of the same pipeline."""
+    from kfp import dsl, local
+
+    data, _ = tiny_dataset
+    root = tmp_path / "checkpoints"
+
+    @dsl.pipeline(name="train-twice")
+    def train_once(checkpoint_root: str):
+        imported = dsl.importer(artifact_uri=data.uri, artifact_class=dsl.Dataset, metadata=dict(data.metadata))
+        train(data=imported.output, run_spec=SPEC, epochs=1, train_options=FAST, checkpoint_root=checkpoint_root)
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "artifacts"),
+               raise_on_error=True)
+    train_once(checkpoint_root=str(root))
+    (run_dir,) = root.iterdir()
+    trained = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
+    assert "a finished run of the same inputs, reused" not in capfd.readouterr().out
+    train_once(checkpoint_root=str(root))
+    assert [p.name for p in root.iterdir()] == [run_dir.name]
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == trained  # not trained, not rewritten
+    assert "a finished run of the same inputs, reused" in capfd.readouterr().out
+    runs = sorted((tmp_path / "artifacts").rglob("train/run"))
+    assert len(runs) == 2 and (runs[0] / "metrics.json").read_text() == (runs[1] / "metrics.json").read_text()

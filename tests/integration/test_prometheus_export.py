@@ -24,12 +24,12 @@ def toy_data(tmp_path_factory):
     return out
 
 
-def _identity(run_dir, pipeline: str) -> dict[str, str]:
+def _identity(run_dir, pipeline: str, run_label: str = "") -> dict[str, str]:
     from mtlflow import jobs
 
     run = jobs.read_run(run_dir)["run"]
     return {"job": "mtlflow_train", "pipeline": pipeline, "benchmark": run["benchmark"],
-            "method": jobs.run_label(run), "seed": "0", "tasks": "all"}
+            "method": jobs.run_label(run), "seed": "0", "tasks": "all", "run": run_label or run_dir.name}
 
 
 def test_training_telemetry_reaches_the_pushgateway(exported_sweep):
@@ -79,26 +79,84 @@ def test_sweep_comparison_and_pipeline_status_are_exported(exported_sweep):
         assert sample(samples, "mtlflow_mean_rank", method=label, **group) == pytest.approx(row["mean_rank"])
         assert sample(samples, "mtlflow_pareto_optimal", method=label, **group) == int(row["pareto_optimal"])
     status = {"job": "mtlflow_pipeline", "pipeline": "test-sweep"}
-    assert sample(samples, "mtlflow_pipeline_last_run_succeeded", **status) == 0
+    assert sample(samples, "mtlflow_pipeline_last_run_succeeded", run="test-sweep-run-1", **status) == 0
     assert sample(samples, "mtlflow_pipeline_last_run_info", run="test-sweep-run-1", state="FAILED", **status) == 1
+    assert sample(samples, "mtlflow_pipeline_last_run_succeeded", run="test-sweep-run-2", **status) == 1
+    assert sample(samples, "mtlflow_pipeline_last_success_timestamp_seconds", **status) == \
+        sample(samples, "mtlflow_pipeline_last_run_timestamp_seconds", run="test-sweep-run-2", **status)
 
 
-def test_grouping_keys_do_not_grow_and_failures_keep_the_last_success(pushgateway):
-    from mtlflow.ops.observability import export_run_status
+def test_concurrent_pipeline_runs_keep_their_own_status_and_comparison(pushgateway, exported_sweep):
+    """Two runs of one pipeline ending at once, pushed from two threads: each keeps its own series (with
+    the pipeline name as the only key, the second push replaced the first run's)."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    for run, state, finished in (("nightly-1", "SUCCEEDED", 1000.0), ("nightly-2", "FAILED", 2000.0),
-                                 ("nightly-3", "FAILED", 3000.0)):
-        assert export_run_status(pushgateway.url, pipeline="grouping-test", run=run, state=state,
-                                 finished_unix=finished)
-    groups = [g["labels"] for g in pushgateway.groups() if g["labels"].get("pipeline") == "grouping-test"]
-    assert groups == [{"job": "mtlflow_pipeline", "pipeline": "grouping-test"}]  # no run id in the key
+    from mtlflow.ops.observability import export_run_status, export_summary
+
+    label = next(iter(exported_sweep.summary["methods"]))
+    other = json.loads(json.dumps(exported_sweep.summary))
+    other["methods"][label]["delta_m"] += 10.0
+    runs = {"nightly-a": ("SUCCEEDED", 1000.0, exported_sweep.summary),
+            "nightly-b": ("FAILED", 1000.5, other)}
+
+    def push(run):
+        state, finished, summary = runs[run]
+        return (export_run_status(pushgateway.url, pipeline="concurrent", run=run, state=state, finished_unix=finished)
+                and export_summary(summary, pushgateway.url, pipeline="concurrent", run=run))
+
+    with ThreadPoolExecutor(2) as pool:
+        assert all(pool.map(push, runs))
+    groups = [g["labels"] for g in pushgateway.groups() if g["labels"].get("pipeline") == "concurrent"]
+    assert sorted((g["job"], g["run"]) for g in groups) == [("mtlflow_aggregate", "nightly-a"),
+                                                            ("mtlflow_aggregate", "nightly-b"),
+                                                            ("mtlflow_pipeline", "nightly-a"),
+                                                            ("mtlflow_pipeline", "nightly-b")]
     samples = parse_samples(pushgateway.metrics_text())
-    info = [lab["run"] for name, lab, _ in samples
-            if name == "mtlflow_pipeline_last_run_info" and lab["pipeline"] == "grouping-test"]
-    assert info == ["nightly-3"]
-    assert sample(samples, "mtlflow_pipeline_last_run_timestamp_seconds", pipeline="grouping-test") == 3000.0
-    # pushadd: the failed runs did not erase the last success
-    assert sample(samples, "mtlflow_pipeline_last_success_timestamp_seconds", pipeline="grouping-test") == 1000.0
+    for run, (state, finished, summary) in runs.items():
+        status = {"pipeline": "concurrent", "run": run}
+        assert sample(samples, "mtlflow_pipeline_last_run_succeeded", **status) == int(state == "SUCCEEDED")
+        assert sample(samples, "mtlflow_pipeline_last_run_timestamp_seconds", **status) == finished
+        assert sample(samples, "mtlflow_pipeline_last_run_info", state=state, **status) == 1
+        assert sample(samples, "mtlflow_delta_m_percent", method=label, reference="own", **status) == \
+            pytest.approx(summary["methods"][label]["delta_m"])
+    assert [lab["run"] for name, lab, _ in samples
+            if name == "mtlflow_pipeline_last_success_timestamp_seconds" and lab["pipeline"] == "concurrent"] == \
+        ["nightly-a"]
+
+
+def test_overlapping_trainings_of_one_method_and_seed_keep_their_own_series(pushgateway, toy_data, tmp_path):
+    """Two trainings of the same method and seed in one pipeline (other options, so other run keys)
+    whose pushes interleave: run A starts, run B trains and finishes, then A finishes. Each keeps its
+    own series; keyed by (pipeline, benchmark, method, seed, tasks) alone, B's pushes replaced A's."""
+    from mtlflow import jobs
+    from mtlflow.core.callbacks import Callback
+    from mtlflow.ops.observability import PrometheusExporter
+
+    def train(run, epochs, inner=()):
+        exporter = PrometheusExporter(pushgateway=pushgateway.url, pipeline="overlap", run=run)
+        try:
+            jobs.train(toy_data, tmp_path / run, method="ls", epochs=epochs, callbacks=[exporter, *inner], **TOY)
+        finally:
+            exporter.close()
+
+    class TrainBWhileARuns(Callback):
+        name = "overlap"
+
+        def on_epoch_start(self, trainer, epoch):
+            if epoch == 1:
+                train("run-b", epochs=1)
+                samples = parse_samples(pushgateway.metrics_text())
+                assert sample(samples, "mtlflow_train_running", pipeline="overlap", run="run-a") == 1
+
+    train("run-a", epochs=2, inner=[TrainBWhileARuns()])
+    samples = parse_samples(pushgateway.metrics_text())
+    for run, epochs in (("run-a", 2), ("run-b", 1)):
+        ident = _identity(tmp_path / run, "overlap", run)
+        assert sample(samples, "mtlflow_train_epoch", **ident) == epochs
+        assert sample(samples, "mtlflow_train_planned_epochs", **ident) == epochs
+        assert sample(samples, "mtlflow_train_running", **ident) == 0
+    groups = [g["labels"]["run"] for g in pushgateway.groups() if g["labels"].get("pipeline") == "overlap"]
+    assert sorted(groups) == ["run-a", "run-b"]
 
 
 def test_nan_loss_is_exported_and_the_previous_success_kept(pushgateway, toy_data, tmp_path):
@@ -115,15 +173,15 @@ def test_nan_loss_is_exported_and_the_previous_success_kept(pushgateway, toy_dat
                 for p in trainer.model.parameters():
                     p.fill_(float("nan"))
 
-    def run(extra, out):
-        exporter = PrometheusExporter(pushgateway=pushgateway.url, pipeline="nan-test")
+    def run(extra, out):  # two attempts of one run (one run key): a retry after the first one finished
+        exporter = PrometheusExporter(pushgateway=pushgateway.url, pipeline="nan-test", run="nan-test-run")
         try:
             jobs.train(toy_data, out, method="ls", epochs=1, callbacks=[exporter, *extra], **TOY)
         finally:
             exporter.close()
 
     run([], tmp_path / "ok")
-    ident = _identity(tmp_path / "ok", "nan-test")
+    ident = _identity(tmp_path / "ok", "nan-test", "nan-test-run")
     succeeded = sample(parse_samples(pushgateway.metrics_text()), "mtlflow_train_last_success_timestamp_seconds",
                        **ident)
     with pytest.raises(NonFiniteLossError):
@@ -206,7 +264,7 @@ def test_metrics_port_and_env_pushgateway_from_the_cli(pushgateway, toy_data, tm
                  "--no-progress", "--metrics-port", str(port), "--out", str(tmp_path / "run")])
     assert code == 0, capsys.readouterr().err
     served = parse_samples(scraped[0])
-    ident = {"pipeline": "cli", "benchmark": "toy", "method": "mgda", "seed": "0", "tasks": "all"}
+    ident = {"pipeline": "cli", "benchmark": "toy", "method": "mgda", "seed": "0", "tasks": "all", "run": "run"}
     assert sample(served, "mtlflow_train_running", **ident) == 1
     assert sample(served, "mtlflow_train_epoch", **ident) == 1
     assert sample(served, "mtlflow_train_steps_total", **ident) == 5

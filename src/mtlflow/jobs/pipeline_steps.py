@@ -53,16 +53,42 @@ def prepare_data(benchmark: str, data_options: Mapping[str, Any], out: str, data
             "tasks": manifest["tasks"], "content_hash": manifest["content_hash"], **version}
 
 
+def run_dir_state(work_dir: Path) -> str:
+    """What ``train`` does with the run directory of its run key: ``"reuse"`` a finished run whose files
+    are consistent; ``"retrain"`` (from scratch) a run that stopped with an error or whose files are
+    not the run's; ``"resume"`` an interrupted or killed run from its checkpoint, or start a new one."""
+    from mtlflow.core.errors import DataError
+    from mtlflow.engine.rundir import check_run_consistent
+
+    if not (work_dir / "run.json").is_file():
+        return "resume"
+    try:
+        status = atomic.read_json(work_dir / "run.json", "run description").get("status")
+        if status == "failed":
+            return "retrain"
+        if status != "completed":
+            return "resume"
+        check_run_consistent(work_dir)
+        jobs.read_run(work_dir)
+    except DataError:
+        return "retrain"
+    return "reuse"
+
+
 def train(data: str, data_metadata: Mapping[str, Any], run_out: str, model_out: str, report_out: str,
           summary_out: str, run_spec: str, epochs: int, train_options: Mapping[str, Any], checkpoint_root: str = "",
-          pushgateway: str = "", pipeline_name: str = "", run_id: str = "") -> dict[str, Any]:
+          pushgateway: str = "", pipeline_name: str = "") -> dict[str, Any]:
     """Train the run of ``run_spec`` on the Dataset at ``data`` (refused when its hashes differ from
-    ``data_metadata``'s). With ``checkpoint_root`` the run directory is ``<root>/<run key>`` and training
-    resumes there; the finished run is copied to ``run_out`` (without the checkpoint), its weights to
-    ``model_out``, its HTML report and Markdown summary to ``report_out`` / ``summary_out``.
+    ``data_metadata``'s). With ``checkpoint_root`` the run directory is ``<root>/<run key>``, the key
+    hashing only the task's inputs (spec, data content hash, epochs, options): a finished run there is
+    reused without training, one that failed is trained again from scratch, an interrupted or killed
+    one resumes from its checkpoint (:func:`run_dir_state`). The run is copied to ``run_out`` (without
+    the checkpoint), its weights to ``model_out``, its HTML report and Markdown summary to
+    ``report_out`` / ``summary_out``. Telemetry is pushed with the run key as its ``run`` label.
     A single-task reference (``"reference": true`` in the spec) takes ``train_options`` without COST's
     (:func:`~mtlflow.config.pipeline.reference_options`).
-    Returns ``{"metadata": ..., "metrics": {task: {name: value}}}`` (the selected final test metrics)."""
+    Returns ``{"metadata": ..., "metrics": {task: {name: value}}, "state": ...}`` (the selected final test
+    metrics; the run directory's state when the task started)."""
     spec = json.loads(run_spec)
     options = from_struct(dict(train_options))
     if spec.get("reference"):
@@ -70,15 +96,22 @@ def train(data: str, data_metadata: Mapping[str, Any], run_out: str, model_out: 
     content_hash = data_metadata.get("content_hash")
     if data_metadata.get("dvc_hash"):
         dvc_io.verify_directory(data, data_metadata["dvc_hash"])
-    work_dir = Path(run_out)
+    key = run_key(run_spec, content_hash or "", epochs, options)
+    work_dir, state = Path(run_out), "new"
     if checkpoint_root:
-        work_dir = Path(checkpoint_root) / run_key(run_spec, content_hash or "", epochs, options, run_id)
-        print(f"run directory {work_dir} (resumes from its checkpoint if one exists)")
-    with training_exporters(pushgateway=pushgateway or None, pipeline=pipeline_name or "kfp") as callbacks:
-        result = jobs.train(data, work_dir, method=spec["method"], seed=int(spec["seed"]),
-                            hparams=spec.get("hparams", {}), tasks=spec.get("tasks"), epochs=epochs,
-                            expected_hash=content_hash, resume=bool(checkpoint_root), progress=False,
-                            callbacks=callbacks, **options)
+        work_dir = Path(checkpoint_root) / key
+        state = run_dir_state(work_dir)
+        print(f"run directory {work_dir}: " + {"reuse": "a finished run of the same inputs, reused",
+                                               "retrain": "its run failed; training again from scratch",
+                                               "resume": "training (resumes from its checkpoint if one exists)"}[state])
+    if state == "reuse":
+        final = jobs.read_run(work_dir)["metrics"]["final"]
+    else:
+        with training_exporters(pushgateway=pushgateway or None, pipeline=pipeline_name or "kfp", run=key) as callbacks:
+            final = jobs.train(data, work_dir, method=spec["method"], seed=int(spec["seed"]),
+                               hparams=spec.get("hparams", {}), tasks=spec.get("tasks"), epochs=epochs,
+                               expected_hash=content_hash, resume=state == "resume", overwrite=state == "retrain",
+                               progress=False, callbacks=callbacks, **options)["final"]
     if work_dir != Path(run_out):
         shutil.copytree(work_dir, run_out, ignore=shutil.ignore_patterns("checkpoint.pt", ".mtlflow.lock"),
                         dirs_exist_ok=True)
@@ -87,8 +120,8 @@ def train(data: str, data_metadata: Mapping[str, Any], run_out: str, model_out: 
     atomic.write_text(summary_out, run_markdown(run_out))
     metadata = {"method": spec["method"], "label": jobs.run_label(jobs.read_run(run_out)["run"]),
                 "seed": int(spec["seed"]), "tasks": spec.get("tasks") or data_metadata.get("tasks"),
-                "data_hash": content_hash, "dvc_hash": data_metadata.get("dvc_hash")}
-    return {"metadata": metadata, "metrics": result["final"]["test"]}
+                "data_hash": content_hash, "dvc_hash": data_metadata.get("dvc_hash"), "run_key": key}
+    return {"metadata": metadata, "metrics": final["test"], "state": state}
 
 
 def evaluate(run: str, data: str, split: str, evaluation_out: str, confusion_out: str, summary_out: str,
@@ -110,9 +143,11 @@ def evaluate(run: str, data: str, split: str, evaluation_out: str, confusion_out
 
 
 def aggregate(runs: Sequence[str], references: Sequence[str], method_set: Sequence[str], results_out: str,
-              report_out: str, summary_out: str, pushgateway: str = "", pipeline_name: str = "") -> dict[str, Any]:
+              report_out: str, summary_out: str, pushgateway: str = "", pipeline_name: str = "",
+              run_name: str = "") -> dict[str, Any]:
     """Compare the runs against the single-task references (the methods of ``method_set`` rank); copies the
-    HTML report and the Markdown table out, pushes the comparison to Prometheus when a gateway is set.
+    HTML report and the Markdown table out, pushes the comparison to Prometheus when a gateway is set
+    (grouped by pipeline, benchmark and ``run_name``, the pipeline run's name).
     Returns the results' metadata and the flat metrics the Kubeflow UI shows (Δm%, mean rank, hypervolume,
     each task's primary metric per method)."""
     labels = sorted({jobs.run_label(jobs.read_run(r)["run"]) for r in runs})
@@ -129,7 +164,7 @@ def aggregate(runs: Sequence[str], references: Sequence[str], method_set: Sequen
         flat.update({f"{label}.{shown[key]}": float(row[key]) for key in scores if key in row})
         flat.update({f"{label}.{task}.{primary[task]}": float(row["mean"][task][primary[task]])
                      for task in outcome["tasks"]})
-    export_summary(outcome, pushgateway or None, pipeline=pipeline_name or "kfp")
+    export_summary(outcome, pushgateway or None, pipeline=pipeline_name or "kfp", run=run_name or "kfp")
     return {"metadata": {"benchmark": outcome["benchmark"], "data_hash": outcome["data_hash"],
                          "pareto_set": outcome["pareto_set"]},
             "metrics": flat,

@@ -1,13 +1,18 @@
 """Every Prometheus metric mtlflow exports: name, type, labels, meaning (one table, no prometheus_client).
 
 Conventions (Prometheus naming guide): the ``mtlflow_`` prefix, base units in the name (``_seconds``,
-``_bytes``), ``_total`` for counters, ``_timestamp_seconds`` for Unix times. Labels stay
-low-cardinality: the identity of a training run is (pipeline, benchmark, method, seed, tasks) --
-``method`` is the run label of the aggregate report (name plus non-default hyper-parameters, e.g.
-``fairgrad(alpha=2.0)``) and ``tasks`` is ``all`` for a multi-task run or the trained subset
-(``left`` for a single-task reference). Run ids never become labels of a metric or of a Pushgateway
-grouping key (a grouping key is kept by the Pushgateway until deleted); the pipeline run name appears
-only in the ``run`` label of the single ``mtlflow_pipeline_last_run_info`` series per pipeline.
+``_bytes``), ``_total`` for counters, ``_timestamp_seconds`` for Unix times. The identity of a
+training run is (pipeline, benchmark, method, seed, tasks, run) -- ``method`` is the run label of the
+aggregate report (name plus non-default hyper-parameters, e.g. ``fairgrad(alpha=2.0)``), ``tasks`` is
+``all`` for a multi-task run or the trained subset (``left`` for a single-task reference) and ``run``
+is the run key in a pipeline (the run directory under the checkpoint root: a hash of spec, data,
+epochs and options, so a retried or reused training is the same run) or the run directory's name
+from the command line.
+
+Every Pushgateway grouping key names its run, so concurrent runs never overwrite each other's
+series: training groups by its identity, a sweep comparison by (pipeline, benchmark, run) and a
+pipeline run's status by (pipeline, run), where ``run`` is the pipeline run's name. The Pushgateway
+keeps a group until it is deleted (see docs/guides/observability.md for the clean-up).
 """
 
 from __future__ import annotations
@@ -15,11 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: labels identifying one training run (also its Pushgateway grouping key)
-TRAIN_IDENTITY = ("pipeline", "benchmark", "method", "seed", "tasks")
-#: labels of the aggregate (sweep comparison) metrics; grouping key: pipeline, benchmark
-AGGREGATE_IDENTITY = ("pipeline", "benchmark", "method")
-#: labels of the pipeline-run status metrics; grouping key: pipeline
-PIPELINE_IDENTITY = ("pipeline",)
+TRAIN_IDENTITY = ("pipeline", "benchmark", "method", "seed", "tasks", "run")
+#: the Pushgateway grouping key of a sweep comparison (and the labels of its timestamp)
+AGGREGATE_GROUP = ("pipeline", "benchmark", "run")
+#: labels of the aggregate (sweep comparison) metrics
+AGGREGATE_IDENTITY = AGGREGATE_GROUP + ("method",)
+#: labels of the pipeline-run status metrics, also their grouping key
+PIPELINE_IDENTITY = ("pipeline", "run")
 
 #: Pushgateway ``job`` label of each exporter
 TRAIN_JOB = "mtlflow_train"
@@ -89,19 +96,19 @@ AGGREGATE_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("mtlflow_hypervolume", "gauge", AGGREGATE_IDENTITY,
                "Hypervolume of the method's per-task errors against the benchmark's reference point."),
     MetricSpec("mtlflow_pareto_optimal", "gauge", AGGREGATE_IDENTITY, "1 when the method is in the Pareto set."),
-    MetricSpec("mtlflow_aggregate_last_success_timestamp_seconds", "gauge", ("pipeline", "benchmark"),
-               "Unix time the comparison was last computed."),
+    MetricSpec("mtlflow_aggregate_last_success_timestamp_seconds", "gauge", AGGREGATE_GROUP,
+               "Unix time the comparison was computed."),
 )
 
 PIPELINE_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("mtlflow_pipeline_last_run_succeeded", "gauge", PIPELINE_IDENTITY,
-               "1 when the pipeline's last run ended SUCCEEDED, 0 when it failed or was cancelled."),
+               "1 when the pipeline run ended SUCCEEDED, 0 when it failed or was cancelled."),
     MetricSpec("mtlflow_pipeline_last_run_timestamp_seconds", "gauge", PIPELINE_IDENTITY,
-               "Unix time the pipeline's last run ended."),
+               "Unix time the pipeline run ended."),
     MetricSpec("mtlflow_pipeline_last_success_timestamp_seconds", "gauge", PIPELINE_IDENTITY,
-               "Unix time of the pipeline's last successful run."),
-    MetricSpec("mtlflow_pipeline_last_run_info", "gauge", PIPELINE_IDENTITY + ("run", "state"),
-               "Always 1; the labels name the last run and its final state."),
+               "Unix time the pipeline run ended SUCCEEDED (kept when a retry of the same run fails)."),
+    MetricSpec("mtlflow_pipeline_last_run_info", "gauge", PIPELINE_IDENTITY + ("state",),
+               "Always 1; the labels name the run and its final state."),
 )
 
 ALL_METRICS: tuple[MetricSpec, ...] = TRAIN_METRICS + AGGREGATE_METRICS + PIPELINE_METRICS

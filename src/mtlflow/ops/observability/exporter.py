@@ -35,15 +35,17 @@ DEFAULT_PUSH_INTERVAL = 30.0
 CLI_PIPELINE = "cli"
 
 
-def run_identity(trainer: TrainerView, pipeline: str) -> dict[str, str]:
-    """The identity labels of a training run (also its Pushgateway grouping key): no run ids."""
+def run_identity(trainer: TrainerView, pipeline: str, run: str = "") -> dict[str, str]:
+    """The identity labels of a training run, also its Pushgateway grouping key; ``run`` (default: the
+    run directory's name) keeps concurrent runs of the same method and seed apart."""
     from mtlflow.engine.rundir import run_label
 
     tasks = [t.name for t in trainer.tasks]
     return {"pipeline": pipeline or CLI_PIPELINE, "benchmark": trainer.bench.label,
             "method": run_label({"config": dataclasses.asdict(trainer.config)}),
             "seed": str(trainer.config.seed),
-            "tasks": "all" if tasks == list(trainer.bench.task_names) else ",".join(tasks)}
+            "tasks": "all" if tasks == list(trainer.bench.task_names) else ",".join(tasks),
+            "run": run or trainer.out_dir.name}
 
 
 class PrometheusExporter(Callback):
@@ -53,11 +55,13 @@ class PrometheusExporter(Callback):
 
     def __init__(self, pushgateway: str | None = None, metrics_port: int | None = None, pipeline: str = CLI_PIPELINE,
                  metrics_addr: str = "0.0.0.0", push_timeout: float = DEFAULT_PUSH_TIMEOUT,
-                 retry_after: float = DEFAULT_RETRY_AFTER, push_interval: float = DEFAULT_PUSH_INTERVAL):
+                 retry_after: float = DEFAULT_RETRY_AFTER, push_interval: float = DEFAULT_PUSH_INTERVAL,
+                 run: str = ""):
         self.gateway = resolve_pushgateway(pushgateway) if pushgateway else None
         self.metrics = MetricSet(catalog.TRAIN_METRICS)
         self.registry = self.metrics.registry
         self.pipeline = pipeline or CLI_PIPELINE
+        self.run = run
         self.push_timeout, self.retry_after, self.push_interval = push_timeout, retry_after, push_interval
         self.server = MetricsServer(self.registry, metrics_port, metrics_addr) if metrics_port is not None else None
         self.pusher: GatewayPusher | None = None
@@ -68,7 +72,7 @@ class PrometheusExporter(Callback):
 
     # -- trainer hooks -------------------------------------------------------------------------
     def on_train_start(self, trainer: TrainerView) -> None:
-        self.labels = run_identity(trainer, self.pipeline)
+        self.labels = run_identity(trainer, self.pipeline, self.run)
         self._device = trainer.device.type
         if self.gateway and self.pusher is None:
             self.pusher = GatewayPusher(self.gateway, catalog.TRAIN_JOB, self.labels, self.registry,
@@ -182,14 +186,15 @@ class PrometheusExporter(Callback):
 
 @contextlib.contextmanager
 def training_exporters(pushgateway: str | None = None, metrics_port: int | None = None,
-                       pipeline: str = CLI_PIPELINE) -> Iterator[list[Callback]]:
+                       pipeline: str = CLI_PIPELINE, run: str = "") -> Iterator[list[Callback]]:
     """The exporter callbacks for ``jobs.train(..., callbacks=...)``: none when there is neither a
-    Pushgateway (argument or ``$MTLFLOW_PUSHGATEWAY``) nor a metrics port; closed on exit."""
+    Pushgateway (argument or ``$MTLFLOW_PUSHGATEWAY``) nor a metrics port; closed on exit. ``run``:
+    the run's ``run`` label (default: the run directory's name)."""
     gateway = resolve_pushgateway(pushgateway)
     if gateway is None and metrics_port is None:
         yield []
         return
-    exporter = PrometheusExporter(pushgateway=gateway, metrics_port=metrics_port, pipeline=pipeline)
+    exporter = PrometheusExporter(pushgateway=gateway, metrics_port=metrics_port, pipeline=pipeline, run=run)
     try:
         yield [exporter]
     finally:
@@ -197,14 +202,16 @@ def training_exporters(pushgateway: str | None = None, metrics_port: int | None 
 
 
 def export_summary(summary: Mapping[str, Any], pushgateway: str | None, pipeline: str = CLI_PIPELINE,
-                   timeout: float = DEFAULT_PUSH_TIMEOUT) -> bool:
+                   run: str = CLI_PIPELINE, timeout: float = DEFAULT_PUSH_TIMEOUT) -> bool:
     """Push a sweep comparison (``jobs.aggregate``'s summary): Δm%, mean rank, hypervolume and Pareto
-    membership per method. Grouped by (pipeline, benchmark). False when off or the push failed."""
+    membership per method. Grouped by (pipeline, benchmark, run), ``run`` being the pipeline run's name
+    (``cli`` from the command line). False when off or the push failed."""
     gateway = resolve_pushgateway(pushgateway)
     if gateway is None:
         return False
     metrics = MetricSet(catalog.AGGREGATE_METRICS)
-    group = {"pipeline": pipeline or CLI_PIPELINE, "benchmark": summary.get("dataset", summary["benchmark"])}
+    group = {"pipeline": pipeline or CLI_PIPELINE, "benchmark": summary.get("dataset", summary["benchmark"]),
+             "run": run or CLI_PIPELINE}
     for label, row in summary["methods"].items():
         labels = {**group, "method": label}
         for field, reference in (("delta_m", "own"), ("delta_m_paper", "paper")):
@@ -220,18 +227,18 @@ def export_summary(summary: Mapping[str, Any], pushgateway: str | None, pipeline
 
 def export_run_status(pushgateway: str | None, pipeline: str, run: str, state: str,
                       finished_unix: float | None = None, timeout: float = DEFAULT_PUSH_TIMEOUT) -> bool:
-    """Push how a pipeline run ended (the exit handler's record). Grouped by pipeline only; the run
-    name is a label of the single ``mtlflow_pipeline_last_run_info`` series, replaced by the next run."""
+    """Push how a pipeline run ended (the exit handler's record), grouped by (pipeline, run): runs that
+    end at the same time keep their own series."""
     gateway = resolve_pushgateway(pushgateway)
     if gateway is None:
         return False
     metrics = MetricSet(catalog.PIPELINE_METRICS)
-    labels = {"pipeline": pipeline}
+    labels = {"pipeline": pipeline, "run": run}
     finished = time.time() if finished_unix is None else finished_unix
     succeeded = state == "SUCCEEDED"
     metrics.set("mtlflow_pipeline_last_run_succeeded", labels, int(succeeded))
     metrics.set("mtlflow_pipeline_last_run_timestamp_seconds", labels, finished)
-    if succeeded:  # pushadd keeps the previous success time when this run failed
+    if succeeded:  # a failed run has no success time
         metrics.set("mtlflow_pipeline_last_success_timestamp_seconds", labels, finished)
-    metrics.set("mtlflow_pipeline_last_run_info", {**labels, "run": run, "state": state}, 1)
+    metrics.set("mtlflow_pipeline_last_run_info", {**labels, "state": state}, 1)
     return push_once(gateway, catalog.PIPELINE_JOB, labels, metrics.registry, timeout=timeout)
