@@ -150,3 +150,24 @@ def test_a_bad_profile_is_one_line_and_nothing_is_written(tmp_path, capsys):
     assert "node_selectors: Extra inputs are not permitted" in capsys.readouterr().err
     assert main(["pipeline", "compile", "--profile", str(tmp_path / "missing.yaml"), "--out", str(out)]) == 2
     assert "cluster profile not found" in capsys.readouterr().err
+
+
+def test_the_readme_and_guide_cluster_commands_parse_and_name_existing_files():
+    """The cluster commands of the README and the cluster guide use real options, overlays and profiles."""
+    import re
+    import shlex
+
+    from mtlflow.cli import build_parser
+
+    checked = 0
+    for doc in (ROOT / "README.md", ROOT / "docs" / "guides" / "kubeflow.md"):
+        text = re.sub(r"\\\n\s*", " ", doc.read_text())
+        for line in re.findall(r"^(?:mtlflow pipeline (?:compile|submit|schedule)|kubectl apply -k) .*$", text, re.M):
+            argv = shlex.split(line.split("  #")[0])
+            if argv[0] == "kubectl":
+                assert (ROOT / argv[-1] / "kustomization.yaml").is_file(), line
+                continue
+            args = build_parser().parse_args(argv[1:])
+            assert args.profile and (ROOT / args.profile).is_file(), line
+            checked += 1
+    assert checked >= 3
