@@ -126,6 +126,56 @@ def test_a_dvc_tracked_table_is_read_at_the_requested_revision(tmp_path: Path) -
     assert second["source"]["rows"] == 160 and second["content_hash"] != first["content_hash"]
 
 
+def test_a_spec_file_in_a_dvc_repository_is_read_at_a_revision_with_its_table(tmp_path: Path) -> None:
+    """spec = {repo, path, rev}: the spec file (git-tracked) and its table (DVC-tracked, a path relative to the
+    spec) are read from a real git + DVC repository at one revision; spec_rev selects another revision of
+    both. The repository is made here with git and DVC's own Repo API."""
+    import subprocess
+
+    from dvc.repo import Repo
+
+    from mtlflow.benchmarks._spec.schema import SpecError
+    from mtlflow.config.data import DataConfig
+
+    repo = tmp_path / "repo"
+    (repo / "specs").mkdir(parents=True)
+    (repo / "data").mkdir()
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("config", "user.email", "ci@example.com")
+    git("config", "user.name", "ci")
+    Repo.init(str(repo))
+    table, names = read_arff(realdata("mtr", "atp1d.arff"))
+    frame = pd.DataFrame(table, columns=names)
+    targets = names[-6:]
+    for rows, tag in ((200, "v1"), (300, "v2")):
+        frame.head(rows).to_csv(repo / "data" / "atp1d.csv", index=False)
+        Repo(str(repo)).add(str(repo / "data" / "atp1d.csv"))
+        spec = {"name": f"atp1d-{tag}", "source": {"table": "../data/atp1d.csv"},  # v2 adds a task
+                "tasks": [{"name": t, "type": "regression"} for t in targets[:1 if tag == "v1" else 2]],
+                "features": {"numeric": names[:-6]}}
+        (repo / "specs" / "atp1d.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+        git("add", "-A")
+        git("commit", "-qm", tag)
+        git("tag", tag)
+    location = f"{{repo: {repo}, path: specs/atp1d.yaml, rev: v1}}"
+    benchmark, options = DataConfig(spec=location).preparation()
+    first = jobs.prepare(benchmark, tmp_path / "v1", **options)
+    assert first["label"] == "atp1d-v1" and first["tasks"] == targets[:1]
+    assert first["source"]["rows"] == 200 and first["source"]["table"] == f"data/atp1d.csv of {repo}@v1"
+    benchmark, options = DataConfig(spec=location, spec_rev="v2").preparation()
+    second = jobs.prepare(benchmark, tmp_path / "v2", **options)
+    assert second["label"] == "atp1d-v2" and second["tasks"] == targets[:2]
+    assert second["source"]["rows"] == 300 and second["source"]["table"] == f"data/atp1d.csv of {repo}@v2"
+    with pytest.raises(SpecError, match=r"spec file specs/nothere.yaml of .*@v1 cannot be read \(.*\); check repo"):
+        DataConfig(spec=location.replace("atp1d.yaml", "nothere.yaml")).build_benchmark()
+    with pytest.raises(SpecError, match=r"is not a spec location \(path: is required\); give a spec file's path"):
+        DataConfig(spec=f"{{repo: {repo}, rev: v1}}").build_benchmark()
+
+
 def test_multi_target_regression_reports_original_units(tmp_path: Path) -> None:
     table, names = read_arff(realdata("mtr", "atp1d.arff"))
     targets = names[-6:]

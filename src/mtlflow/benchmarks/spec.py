@@ -29,7 +29,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from mtlflow.benchmarks._spec.schema import DataSpec, TaskEntry, location_of, parse_spec, read_spec, with_revision
+from mtlflow.benchmarks._spec.schema import (DataSpec, TaskEntry, location_of, parse_spec, read_spec, spec_file_location,
+                                             with_revision)
 from mtlflow.benchmarks._spec.tables import SPLITS, encode_features, encode_task, read_source, split_codes
 from mtlflow.benchmarks.base import Benchmark, ConfigField, MultiTaskTensorDataset, seed_worker
 from mtlflow.core.errors import DataError, InvalidParameterError
@@ -54,9 +55,11 @@ class SpecBenchmark(Benchmark):
     description = "your own data described by a task spec (mtlflow prepare --spec FILE; docs: guides/your-data)"
     tasks_from = "the task spec (--spec FILE)"
     config_fields = {
-        "spec": ConfigField(None, "the task spec: a YAML file's path or URI, or its content as a mapping", _spec_value,
+        "spec": ConfigField(None, "the task spec: a YAML file's path or URI, a file in a git/DVC repository as "
+                                  "'{repo: URL, path: FILE, rev: REV}', or its content as a mapping", _spec_value,
                             "a spec file path or a mapping"),
-        "rev": ConfigField(None, "the git revision of the spec's DVC-tracked table (overrides source.rev)",
+        "rev": ConfigField(None, "the git revision of the spec's DVC-tracked table (overrides source.rev) and of a "
+                                 "spec file read from a repository",
                            lambda v: v is None or (isinstance(v, str) and v != ""), "a git revision"),
         # recorded with a trained model, so that evaluation and export rebuild it before reading any data
         "schema": ConfigField(None, "the prepared data's schema (feature width, classes, target statistics); set "
@@ -70,8 +73,12 @@ class SpecBenchmark(Benchmark):
         if value is None:
             raise InvalidParameterError("the spec benchmark needs a task spec: pass --spec FILE (or data_options "
                                         "spec=FILE)")
-        spec = read_spec(value) if isinstance(value, str) else parse_spec(value)
-        self.spec: DataSpec = with_revision(spec, self.config["rev"]) if self.config["rev"] else spec
+        rev = self.config["rev"]
+        in_repo = isinstance(value, str) and spec_file_location(value) is not None
+        spec = read_spec(value, rev if in_repo else None) if isinstance(value, str) else parse_spec(value)
+        # a revision selects the table's version; a spec read from a repository at that revision has a table
+        # of its own repository (its rev is set already) or one outside any repository (no revision to set)
+        self.spec: DataSpec = with_revision(spec, rev) if rev and (not in_repo or spec.source.repo) else spec
         # the manifest stores the spec whole (the revision folded in), so the data alone rebuilds this benchmark
         schema = self.config["schema"]
         self.config = {"spec": self.spec.model_dump(mode="json")}

@@ -36,9 +36,10 @@ class DataConfig(ConfigModel):
     benchmark: str = option("multimnist", "the benchmark (see `mtlflow benchmarks`); 'spec' with a task spec")
     data_options: dict[str, Any] = option(help="the benchmark's preparation options, e.g. n_train=2000 (see "
                                                "`mtlflow benchmarks`)", factory=dict, flag="--data-option")
-    spec: str = option("", "a task spec of your own data: the path or URI of its YAML file ('' = the benchmark)")
-    spec_rev: str = option("", "the git revision of the spec's DVC-tracked table to read (overrides source.rev; "
-                               "'' = the spec's)")
+    spec: str = option("", "a task spec of your own data: the path or URI of its YAML file, or a file of a git/DVC "
+                           "repository as '{repo: URL, path: FILE, rev: REV}' ('' = the benchmark)")
+    spec_rev: str = option("", "the git revision to read: of the spec's DVC-tracked table (overrides source.rev) "
+                               "and of a spec file read from a repository ('' = the spec's)")
 
     def validate(self) -> None:
         self.check_types()

@@ -396,15 +396,56 @@ def _message(error: Mapping[str, Any]) -> str:
     return message.removeprefix("Value error, ")
 
 
-def read_spec(path: str | Path) -> DataSpec:
-    """Read and validate a spec file (a local path or a URI that fsspec reads); a relative ``source.table``
-    is relative to the spec file's folder."""
+class SpecFile(_Strict):
+    """A spec file tracked in a git (+ DVC) repository, read at a revision: the ``spec`` value
+    ``{repo: URL, path: specs/churn.yaml, rev: v2}``."""
+
+    repo: str = Field(description="the git repository (URL or path) that holds the spec file, plain or DVC-tracked")
+    path: str = Field(description="the spec file's path inside the repository")
+    rev: str | None = Field(None, description="the git revision (tag, branch, commit; default: the repository's "
+                                              "HEAD)")
+
+    @property
+    def name(self) -> str:
+        return f"{self.path} of {self.repo}@{self.rev or 'HEAD'}"
+
+
+def spec_file_location(value: str) -> SpecFile | None:
+    """The repository location a ``spec`` value names (an inline mapping ``{repo: ..., path: ..., rev: ...}``),
+    or None for a path or URI."""
+    if not value.lstrip().startswith("{"):
+        return None
+    import yaml
+
+    try:
+        values = yaml.safe_load(value)
+        return SpecFile.model_validate(values)
+    except (yaml.YAMLError, ValidationError) as exc:
+        reason = exc.errors()[0] if isinstance(exc, ValidationError) else None
+        detail = f"{'.'.join(map(str, reason['loc']))}: {_message(reason)}" if reason else "not a YAML mapping"
+        raise SpecError(f"spec {value!r} is not a spec location ({detail}); give a spec file's path or URI, or "
+                        "{repo: URL, path: FILE, rev: REVISION}") from None
+
+
+def read_spec(path: str | Path, rev: str | None = None) -> DataSpec:
+    """Read and validate a spec file: a local path, a URI that fsspec reads, or a file in a git (+ DVC)
+    repository (:func:`spec_file_location`) at its revision, or at ``rev`` when given. A relative
+    ``source.table`` is relative to the spec file's folder (in a repository: a path of that repository at
+    the same revision)."""
     import posixpath
 
     from mtlflow.core.atomic import parse_yaml, read_yaml
 
     name = str(path)
-    if "://" in name:
+    in_repo = spec_file_location(name) if isinstance(path, str) else None
+    if in_repo is not None:
+        if rev:
+            in_repo = in_repo.model_copy(update={"rev": rev})
+        name = in_repo.name
+        text = _read_repo_text(in_repo)
+        values = parse_yaml(text, name, "spec file")
+        folder = posixpath.dirname(in_repo.path)
+    elif "://" in name:
         text = _read_remote_text(name)
         values = parse_yaml(text, name, "spec file")
         folder = posixpath.dirname(name)
@@ -415,20 +456,42 @@ def read_spec(path: str | Path) -> DataSpec:
     location = SpecLocation(name, yaml_key_lines(text))
     spec = parse_spec(values, location)
 
-    def beside_the_spec(path: str) -> str:
+    def beside_the_spec(path: str, key: KeyPath) -> str:
         if "://" in path or posixpath.isabs(path):
             return path
+        if in_repo is not None:
+            raise location.error(key, f"{path!r} is relative, and a spec read from a repository finds local files "
+                                      "and folders only by absolute path; give an absolute path (e.g. on the data "
+                                      "volume)")
         return posixpath.join(folder, path) if "://" in folder else str(Path(folder, path).resolve())
 
-    source = {"table": spec.source.table if spec.source.repo else beside_the_spec(spec.source.table)}
+    if in_repo is not None and spec.source.repo is None and "://" not in spec.source.table \
+            and not posixpath.isabs(spec.source.table):
+        # the table beside the spec: the same repository at the same revision
+        source = {"table": posixpath.normpath(posixpath.join(folder, spec.source.table)), "repo": in_repo.repo,
+                  "rev": in_repo.rev}
+    else:
+        source = {"table": spec.source.table if spec.source.repo else
+                  beside_the_spec(spec.source.table, ("source", "table"))}
     if spec.source.images is not None:
-        source["images"] = beside_the_spec(spec.source.images)
+        source["images"] = beside_the_spec(spec.source.images, ("source", "images"))
     update: dict[str, Any] = {"source": spec.source.model_copy(update=source)}
     if spec.model.weights is not None:
-        update["model"] = spec.model.model_copy(update={"weights": beside_the_spec(spec.model.weights)})
+        update["model"] = spec.model.model_copy(update={"weights": beside_the_spec(spec.model.weights,
+                                                                                   ("model", "weights"))})
     spec = spec.model_copy(update=update)
     spec._location = location
     return spec
+
+
+def _read_repo_text(location: SpecFile) -> str:
+    import dvc.api
+
+    try:
+        return dvc.api.read(location.path, repo=location.repo, rev=location.rev, encoding="utf-8")
+    except Exception as exc:  # dvc raises many types (PathMissingError, RevError, SCMError, ...)
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecError(f"spec file {location.name} cannot be read ({reason}); check repo, path and rev") from None
 
 
 def _read_remote_text(uri: str) -> str:
