@@ -161,6 +161,33 @@ def test_runtime_restarts_a_failed_node_and_runs_as_the_image_user(builds):
             "fsGroup": security.fs_group, "fsGroupChangePolicy": "OnRootMismatch"}
 
 
+def test_the_volume_permissions_component_hands_every_claim_to_the_image_user(tmp_path):
+    """The optional init Job (k8s/components/volume-permissions, for NFS/EFS/CephFS volumes that ignore
+    fsGroup) included in the dev overlay: a valid Job in the overlay's namespace that mounts every claim
+    where the pipeline does and gives its top directory to the profile's UID/GID."""
+    import os
+
+    import kubernetes_validate
+
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "namespace": "mtlflow-dev",
+        "resources": [os.path.relpath(K8S / "overlays" / "dev", tmp_path)],
+        "components": [os.path.relpath(K8S / "components" / "volume-permissions", tmp_path)]}))
+    objs = kustomize(tmp_path)
+    (job,) = by_kind(objs, "Job").values()
+    kubernetes_validate.validate(job, K8S_VERSION, strict=True)
+    assert job["metadata"]["namespace"] == "mtlflow-dev"
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]}
+    mounts = {claims[m["name"]]: m["mountPath"] for m in container["volumeMounts"]}
+    layout = StorageLayout()
+    assert mounts == {claim: layout.mount(claim) for claim in VOLUMES}
+    security = load_profile(K8S / "overlays" / "dev" / "profile.yaml").security
+    script = container["command"][-1]
+    assert f"chown {security.run_as_user}:{security.run_as_group} {' '.join(mounts.values())}" in script
+
+
 def test_gpu_quota_and_scheduling_per_environment(builds):
     expected = {"dev": ("2", "NVIDIA-L4"), "prod": ("32", "NVIDIA-H100-80GB-HBM3")}
     for name, (gpus, product) in expected.items():
