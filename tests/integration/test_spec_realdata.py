@@ -1,6 +1,7 @@
-"""Task specs on real tables (read from ../shared/realdata, written to temporary files only): the docs'
-first-page commands end to end, a molecule table with missing labels, a multi-label Parquet table, a
-multi-target regression table, training two methods and resuming, and bad input at the command line."""
+"""Task specs on real tables (read from ../shared/realdata, or shipped by scikit-learn, written to temporary
+files only): the docs' first-page commands end to end, a molecule table with missing labels, a multi-label
+Parquet table, multi-target regression tables, training two methods and resuming, and bad input at the
+command line."""
 
 from __future__ import annotations
 
@@ -189,6 +190,32 @@ def test_multi_target_regression_reports_original_units(tmp_path: Path) -> None:
     prices = pd.DataFrame(table, columns=names)[targets]
     for target in targets:  # MAE in dollars: the order of the price's spread, not of standard units
         assert 0.05 * prices[target].std() < result["final"]["test"][target]["mae"] < 5 * prices[target].std()
+
+
+def test_linnerud_a_regression_table_that_scikit_learn_ships_trains_two_methods_and_resumes(tmp_path: Path) -> None:
+    from sklearn.datasets import load_linnerud
+
+    linnerud = load_linnerud(as_frame=True).frame  # 20 athletes: 3 exercises, 3 body measurements
+    linnerud.to_csv(tmp_path / "linnerud.csv", index=False)
+    targets = ["Weight", "Waist", "Pulse"]
+    spec = {"name": "linnerud", "source": {"table": "linnerud.csv"},
+            "tasks": [{"name": t, "type": "regression"} for t in targets],
+            "split": {"val": 0.2, "test": 0.2, "seed": 4}, "model": {"hidden": [8]}}
+    (tmp_path / "linnerud.yaml").write_text(yaml.safe_dump(spec))
+    manifest = jobs.prepare("spec", tmp_path / "data", spec=str(tmp_path / "linnerud.yaml"))
+    assert manifest["split_sizes"] == {"train": 12, "val": 4, "test": 4}
+    schema = json.loads((tmp_path / "data" / "schema.json").read_text())
+    train = linnerud[np.load(tmp_path / "data" / "split.npy") == 0]  # features and targets: training statistics
+    assert schema["features"]["numeric"] == [{"name": c, "mean": pytest.approx(train[c].mean()),
+                                              "std": pytest.approx(train[c].std(ddof=0))}
+                                             for c in ("Chins", "Situps", "Jumps")]
+    assert schema["target_statistics"]["Pulse"] == {"mean": pytest.approx(train["Pulse"].mean()),
+                                                    "std": pytest.approx(train["Pulse"].std(ddof=0))}
+    for method in ("ls", "cagrad"):
+        result = jobs.train(tmp_path / "data", tmp_path / method, method=method, epochs=1, **TINY)
+        assert set(result["final"]["test"]["Pulse"]) == {"loss", "mae", "rmse", "r2"}
+    jobs.train(tmp_path / "data", tmp_path / "cagrad", method="cagrad", epochs=2, resume=True, **TINY)
+    assert len(json.loads((tmp_path / "cagrad" / "metrics.json").read_text())["epochs"]) == 2
 
 
 @pytest.mark.parametrize("case", ["unknown_column", "syntax", "spec_and_benchmark", "missing_spec"])
