@@ -95,6 +95,9 @@ def test_missing_images_below_the_threshold_are_skipped_and_counted(tmp_path: Pa
     np.testing.assert_array_equal(stored[3, 0], pixels(tmp_path, kept["file"][3]))  # row 4 of the table
     np.testing.assert_array_equal(stored[-1, 0], pixels(tmp_path, kept["file"][56]))
     assert sum(sum(c.values()) for c in manifest["label_counts"].values()) == 2 * 57
+    with np.load(tmp_path / "data" / "labels.npz") as stored_labels:  # each kept image keeps its own labels
+        np.testing.assert_array_equal(stored_labels["task0"], kept["digit"])  # class index = digit (0..9)
+        np.testing.assert_array_equal(stored_labels["task1"], kept["parity"])
 
 
 def test_missing_images_above_the_threshold_fail_and_write_nothing(tmp_path: Path) -> None:
