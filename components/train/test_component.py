@@ -53,7 +53,20 @@ def test_train_writes_an_html_report_and_a_markdown_summary(tiny_runs):
 
 
 SPEC = json.dumps({"method": "ls", "seed": 0, "hparams": {}})
-FAST = {"batch_size": 64, "max_steps_per_epoch": 2}
+FAST = {"max_steps_per_epoch": 5}
+
+
+@pytest.fixture(scope="module")
+def toy_dataset(tmp_path_factory):
+    """The analytic toy problem as a Dataset artifact: its steps take microseconds, so the reuse tests
+    below time the run-directory logic, not torch."""
+    from kfp import dsl
+
+    from mtlflow.components.prepare_data.component import prepare_data
+
+    data = dsl.Dataset(uri=str(tmp_path_factory.mktemp("toy") / "data"))
+    prepare_data.python_func(benchmark="toy", data_options={"steps_per_epoch": 20}, data=data)
+    return data
 
 
 def _train_step(data, root, name, tmp_path, spec=SPEC, epochs=1, options=FAST):
@@ -85,10 +98,10 @@ class MarkFirstEpochThenFail:
             raise self.error("stopped on purpose")
 
 
-def test_run_key_is_the_inputs_and_a_finished_run_is_reused(tiny_dataset, tmp_path):
+def test_run_key_is_the_inputs_and_a_finished_run_is_reused(toy_dataset, tmp_path):
     from mtlflow.config.pipeline import run_key
 
-    data, _ = tiny_dataset
+    data = toy_dataset
     root = tmp_path / "checkpoints"
     first = _train_step(data, root, "first", tmp_path)
     key = first["metadata"]["run_key"]
@@ -105,16 +118,16 @@ def test_run_key_is_the_inputs_and_a_finished_run_is_reused(tiny_dataset, tmp_pa
     other = _train_step(data, root, "other", tmp_path, spec=json.dumps({"method": "ls", "seed": 1, "hparams": {}}))
     assert other["state"] == "resume" and other["metadata"]["run_key"] != key
     assert run_key(SPEC, data.metadata["content_hash"], 2, FAST) != key != \
-        run_key(SPEC, data.metadata["content_hash"], 1, {**FAST, "batch_size": 32})
+        run_key(SPEC, data.metadata["content_hash"], 1, {**FAST, "lr": 0.5})
     assert sorted(p.name for p in root.iterdir()) == sorted([key, other["metadata"]["run_key"]])
 
 
 @pytest.mark.parametrize("error, state, kept", [(RuntimeError, "retrain", False), (KeyboardInterrupt, "resume", True)])
-def test_a_failed_run_is_trained_again_and_an_interrupted_one_resumed(tiny_dataset, tmp_path, error, state, kept):
+def test_a_failed_run_is_trained_again_and_an_interrupted_one_resumed(toy_dataset, tmp_path, error, state, kept):
     from mtlflow import jobs
     from mtlflow.config.pipeline import run_key
 
-    data, _ = tiny_dataset
+    data = toy_dataset
     root = tmp_path / "checkpoints"
     run_dir = root / run_key(SPEC, data.metadata["content_hash"], 2, FAST)
     with pytest.raises(error):  # the same training, stopped in epoch 2 after epoch 1's checkpoint
@@ -130,12 +143,12 @@ def test_a_failed_run_is_trained_again_and_an_interrupted_one_resumed(tiny_datas
     assert ("marker" in metrics["epochs"][0]) is kept
 
 
-def test_a_second_identical_local_pipeline_run_reuses_the_finished_training(tiny_dataset, tmp_path, capfd):
+def test_a_second_identical_local_pipeline_run_reuses_the_finished_training(toy_dataset, tmp_path, capfd):
     """kfp.local (SubprocessRunner) has no task cache: the reuse across pipeline runs is the run key's
     on the checkpoint root, which is what this checks with two runs of the same pipeline."""
     from kfp import dsl, local
 
-    data, _ = tiny_dataset
+    data = toy_dataset
     root = tmp_path / "checkpoints"
 
     @dsl.pipeline(name="train-twice")
