@@ -68,7 +68,7 @@ WHEELS_STAMP := wheels/.downloaded
 
 # Every wheel of requirements.txt (resolved with constraints.txt) plus the build backend, for Linux x86_64 CPython
 # 3.11: pip on this machine takes torch and torchvision from the local wheel cache. Sdists are built into wheels here.
-$(WHEELS_STAMP): requirements.txt constraints.txt pyproject.toml
+$(WHEELS_STAMP): requirements.txt constraints.txt
 	python3 -m pip wheel --disable-pip-version-check -q -w wheels -r requirements.txt -c constraints.txt setuptools wheel
 	touch $(WHEELS_STAMP)
 
