@@ -170,7 +170,7 @@ def test_a_missing_or_mismatched_weights_file_is_one_line(tmp_path: Path, trunk:
     ({"model": {"trunk": "mlp"}}, "images train a resnet18 or resnet50 trunk, not mlp"),
     ({"model": {"trunk": "mlp", "weights": "w.pt"}}, "model: weights are for the resnet18 / resnet50 trunks"),
     ({"features": {"image": {"size": 4}}}, "features.image.size: Input should be greater than or equal to 8"),
-    ({"features": {"image": {"std": [1, 0, 1]}}}, "features.image.std: std values must be positive"),
+    ({"features": {"image": {"std": [1, 0, 1]}}}, "features.image.std[1]: Input should be greater than 0"),
     ({"features": {"image": {"augment": [{"name": "RandomFlop"}]}}},
      "features.image.augment[0]: 'RandomFlop' is not a torchvision.transforms.v2 transform"),
     ({"features": {"image": {"augment": [{"name": "RandomRotation", "options": {"degree": 5}}]}}},

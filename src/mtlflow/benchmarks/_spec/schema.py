@@ -12,7 +12,8 @@ import re
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PrivateAttr, ValidationError, field_validator,
+                      model_validator)
 
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.metrics.task_types import TASK_TYPES
@@ -152,18 +153,11 @@ class ImageFeatures(_Strict):
                                                      "antialiased) when the data is prepared")
     mean: list[float] = Field(default_factory=lambda: list(IMAGENET_MEAN), min_length=3, max_length=3,
                               description="per-channel mean subtracted after scaling to [0, 1] (default: ImageNet's)")
-    std: list[float] = Field(default_factory=lambda: list(IMAGENET_STD), min_length=3, max_length=3,
-                             description="per-channel standard deviation divided by (default: ImageNet's)")
+    std: list[PositiveFloat] = Field(default_factory=lambda: list(IMAGENET_STD), min_length=3, max_length=3,
+                                     description="per-channel standard deviation divided by (default: ImageNet's)")
     augment: list[Augmentation] = Field(default_factory=list, description="torchvision transforms v2 applied to "
                                                                           "each training image, in order (val and "
                                                                           "test images are not augmented)")
-
-    @field_validator("std")
-    @classmethod
-    def _positive_std(cls, value: list[float]) -> list[float]:
-        if any(s <= 0 for s in value):
-            raise ValueError("std values must be positive")
-        return value
 
 
 class Features(_Strict):
