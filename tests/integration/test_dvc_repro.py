@@ -112,10 +112,11 @@ def test_experiments_compare_and_reproduce_on_a_fresh_clone(tmp_path):
     assert [row["epoch"] for row in curve] == [1] and set(curve[0]) == {"epoch", "train_loss", "val", "test"}
     pareto, = json.loads((repo / "plots" / "pareto.json").read_text())
     assert pareto["method"] == "fairgrad(alpha=1.0)" and pareto["pareto_optimal"] is True
-    assert pareto["left error"] == pytest.approx(1 - evaluated_accuracy(repo, "left"))
+    assert pareto["left error"] == pareto["first task error"] == pytest.approx(1 - evaluated_accuracy(repo, "left"))
+    assert pareto["right error"] == pareto["second task error"] == pytest.approx(1 - evaluated_accuracy(repo, "right"))
     _dvc(repo, "plots", "show", "-o", str(tmp_path / "plots"))
     page = (tmp_path / "plots" / "index.html").read_text()
-    assert "plots/train/fairgrad-s0/left.json" in page and "Pareto front" in page and "left error" in page
+    assert "plots/train/fairgrad-s0/left.json" in page and "Pareto front" in page and "second task error" in page
     compared = json.loads(_dvc(repo, "plots", "diff", "tiny", "famo", "--json"))
     assert not compared.get("errors"), compared["errors"]
     revisions = {rev for plot in compared["data"]["plots/experiment/s0/left.json"] for rev in plot["revisions"]}
