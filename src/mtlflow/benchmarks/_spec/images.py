@@ -62,10 +62,11 @@ def write_images(spec: DataSpec, table: Any, out_dir: Path) -> tuple[Any, int]:
     rows were skipped (image missing or unreadable)."""
     from numpy.lib.format import open_memmap
 
-    folder, where = image_folder(spec), location_of(spec)
+    folder = image_folder(spec)
     paths = image_paths(spec, table)
     size = spec.features.image.size
     found = [i for i, p in enumerate(paths) if p is not None and (folder / p).is_file()]
+    _check_missing(spec, paths, found)  # before decoding: a wrong folder or column fails at once
     array = open_memmap(out_dir / IMAGES_FILE, mode="w+", dtype=np.uint8, shape=(len(found), 3, size, size))
     keep = []
     for row in found:
@@ -73,23 +74,32 @@ def write_images(spec: DataSpec, table: Any, out_dir: Path) -> tuple[Any, int]:
         if image is not None:
             array[len(keep)] = image
             keep.append(row)
-    skipped = len(paths) - len(keep)
-    if skipped > spec.source.max_missing_share * len(paths):
-        kept = set(keep)
-        first = next(p for i, p in enumerate(paths) if i not in kept)
-        raise where.error(("source", "images"), f"{skipped} of {len(paths)} images are missing or unreadable (first: "
-                                                f"{first}; above max_missing_share "
-                                                f"{spec.source.max_missing_share:g}); fix the folder or the "
-                                                f"{spec.source.image_path_column!r} column, or raise "
-                                                "source.max_missing_share")
-    if len(keep) < len(found):  # unreadable files left unused rows at the end: keep the written rows only
-        written = np.array(array[:len(keep)])
-        del array
-        np.save(out_dir / IMAGES_FILE, written)
+    _check_missing(spec, paths, keep)
+    if len(keep) < len(found):  # unreadable files left unused rows at the end: copy the written rows over
+        compact = open_memmap(out_dir / f"kept-{IMAGES_FILE}", mode="w+", dtype=np.uint8,
+                              shape=(len(keep), 3, size, size))
+        for start in range(0, len(keep), 1024):  # a block at a time: memory stays bounded
+            compact[start:start + 1024] = array[start:min(start + 1024, len(keep))]
+        compact.flush()
+        del compact
+        (out_dir / f"kept-{IMAGES_FILE}").replace(out_dir / IMAGES_FILE)
     else:
         array.flush()
-        del array
-    return table.take(keep), skipped
+    del array
+    return table.take(keep), len(paths) - len(keep)
+
+
+def _check_missing(spec: DataSpec, paths: list[str | None], kept: list[int]) -> None:
+    """A SpecError when more than ``source.max_missing_share`` of the rows have no usable image."""
+    skipped = len(paths) - len(kept)
+    if skipped > spec.source.max_missing_share * len(paths):
+        present = set(kept)
+        first = next(p for i, p in enumerate(paths) if i not in present)
+        raise location_of(spec).error(("source", "images"), f"{skipped} of {len(paths)} images are missing or "
+                                                            f"unreadable (first: {first}; above max_missing_share "
+                                                            f"{spec.source.max_missing_share:g}); fix the folder or "
+                                                            f"the {spec.source.image_path_column!r} column, or raise "
+                                                            "source.max_missing_share")
 
 
 def decoded(path: Path, size: int) -> np.ndarray | None:
