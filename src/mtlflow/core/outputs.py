@@ -158,9 +158,36 @@ def run_dir_guard(run_dir: str | os.PathLike, resume: bool = False, overwrite: b
     if not main_process:
         yield path
         return
+    created = _missing_directories(path)
+    lock_existed = (path / LOCK_NAME).exists()
     with locked_dir(path / LOCK_NAME, f"run directory {path}"):
         claim_run_dir(path, resume, overwrite, flag)
-        yield path
+        try:
+            yield path
+        except BaseException:
+            if not lock_existed:
+                _remove_if_untouched(path, created)
+            raise
+
+
+def _missing_directories(path: Path) -> list[Path]:
+    """The directories that writing into ``path`` will create, deepest first."""
+    resolved = path.resolve()
+    return [d for d in (resolved, *resolved.parents) if not d.exists()]
+
+
+def _remove_if_untouched(path: Path, created: list[Path]) -> None:
+    """Remove the lock and the directories a run created when it failed before writing anything else
+    (e.g. a model that cannot be built): a failed command leaves nothing behind. Called holding the
+    lock, so no other writer can be adding files meanwhile."""
+    if {p.name for p in path.iterdir()} != {LOCK_NAME}:
+        return
+    (path / LOCK_NAME).unlink()
+    for directory in created:
+        try:
+            directory.rmdir()
+        except OSError:  # not empty: something else was written there meanwhile
+            return
 
 
 def _check_dataset_target(path: Path, overwrite: bool, flag: str) -> None:

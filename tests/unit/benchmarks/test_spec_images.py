@@ -197,3 +197,19 @@ def test_image_source_errors_write_nothing(tmp_path: Path, case: str, expected: 
         benchmarks.build("spec", spec=str(image_spec(tmp_path))).prepare(tmp_path / "data")
     assert expected in str(caught.value), str(caught.value)
     assert not (tmp_path / "data").exists()
+
+
+def test_a_training_whose_model_cannot_be_built_leaves_no_run_directory(tmp_path: Path, capsys) -> None:
+    """The weights file is checked when the model is built, after the run directory was locked: the
+    failed command must still leave nothing behind (no directory, no lock file)."""
+    from mtlflow.cli import main
+
+    digit_folder(tmp_path, 30)
+    spec = image_spec(tmp_path, model={"trunk": "resnet18", "weights": "nothere.pt"})
+    assert main(["prepare", "--spec", str(spec), "--out", str(tmp_path / "data")]) == 0
+    out = tmp_path / "runs" / "ls"
+    code = main(["train", "--data", str(tmp_path / "data"), "--method", "ls", "--epochs", "1", "--out", str(out),
+                 "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "model.weights: ResNet-18 weights not found" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
