@@ -340,3 +340,26 @@ def test_scale_convention_switch_changes_exactly_the_listed_methods():
             assert (plain.natural_scale, reference.natural_scale) == ("mean", "sum"), name
         else:
             assert reference.natural_scale == plain.natural_scale, f"{name} switches but is not in the table"
+
+
+# -- the gradient engine's table: what each method makes the engine compute ---------------------------------
+
+def _method_name(display: str) -> str:
+    """``IMTL-G`` -> ``imtlg``, ``MGDA-UB (`mgdaub`)`` -> ``mgdaub``: a table's display name as registered."""
+    quoted = re.search(r"`([\w-]+)`", display)
+    return quoted.group(1) if quoted else re.sub(r"[^a-z0-9]", "", display.lower())
+
+
+def test_requires_table_lists_every_method_by_what_it_needs():
+    rows = _table("methods/index.md", "| `requires` | what the engine computes per step | methods |")
+    documented = {}
+    for cells in rows:
+        # the names, without the parenthesised remarks and the prose after ';' (methods owning their step)
+        listed = re.sub(r";.*", "", re.sub(r"\([^()]*(\([^()]*\)[^()]*)*\)", "", cells[2]))
+        documented[cells[0].strip("`")] = {_method_name(n.strip()) for n in listed.split(", ") if n.strip()}
+    actual: dict[str, set[str]] = {}
+    for name in methods.available():
+        cls = methods.get(name)
+        if not cls.custom_step:  # methods owning their step compute what they need themselves (the row says so)
+            actual.setdefault(cls.requires.value, set()).add(name)
+    assert documented == actual
