@@ -76,8 +76,8 @@ class PaLoRA(Method):
     cost = "O(M)"
     paper = ("Dimitriadis, Frossard & Fleuret, Pareto Low-Rank Adapters: Efficient Multi-Task Learning with "
              "Preferences (PaLoRA)")
-    equations = ("Eq. 2 (W + (α/r) Σ_t λ_t A_t B_t), Eq. 3 (annealed rays g_{τ,Q}), Algorithm 1 (Σ_m λ_mᵀ L_m "
-                 "per batch), Sec. 6.1/App. D schedules, App. B.3 Pareto expansion")
+    equations = ("Eq. 2 (W + (α/r) Σ_t λ_t A_t B_t), Eq. 3 (annealed rays: centre → g_{1,Q}, Fig. 11), "
+                 "Algorithm 1 (Σ_m λ_mᵀ L_m per batch), Sec. 6.1/App. D schedules, App. B.3 Pareto expansion")
     custom_step = True
     needs_trainer = "Pareto-front learning: it injects adapters into the model and trains over preference rays"
     hparams = {

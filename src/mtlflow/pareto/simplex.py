@@ -8,11 +8,14 @@ Preferences" (PaLoRA; ``shared/seeds/palora-pareto-low-rank-adapters.txt``).
   [λ, 1 − λ]. Three or more tasks: the paper uses meshzoo's triangle; here the same simplex-lattice
   grid {k / n : k ∈ ℕ^T, Σ_t k_t = n}, which has C(n + T − 1, T − 1) points (Fig. 11's 10 points for
   three tasks are n = 3).
-* **Deterministic annealed schedule** (Eq. 3): λ_m(τ) = g_{τ,Q}(λ̃_m) = λ̃_m^{τ'} / Σ_t λ̃_{m,t}^{τ'} with
-  τ' = τ / Q, the power taken element-wise, τ ∈ [0, 1] the training progress and Q the annealing
-  temperature. At τ = 0 every ray is the simplex centre (x⁰ = 1); at τ = 1 the rays are g_{1,Q}(λ̃),
-  which is the grid itself for Q = 1. Algorithm 1 increments τ by one per batch while Eq. 3 needs
-  τ ∈ [0, 1]; mtlflow uses τ = step / (total steps − 1), so the last step trains on g_{1,Q}(λ̃).
+* **Deterministic annealed schedule** (Eq. 3): g_{τ,Q}(λ̃) = λ̃^{τ'} / Σ_t λ̃_t^{τ'} with τ' = τ / Q, the
+  power taken element-wise, τ ∈ [0, 1] the training progress and Q the annealing temperature; at τ = 1
+  it is g_{1,Q}(λ̃), the grid itself for Q = 1. ``annealed`` (the default) moves each ray on the straight
+  line λ_m(τ) = (1 − τ)·c + τ·g_{1,Q}(λ̃_m) from the simplex centre c, the gradual motion of the paper's
+  Fig. 11; ``annealed-eq3`` is λ_m(τ) = g_{τ,Q}(λ̃_m) literally, where 0^{τ'} = 0 puts every ray with a zero
+  component on the boundary from the first step (a documented deviation, see :data:`SCHEDULES`).
+  Algorithm 1 increments τ by one per batch while Eq. 3 needs τ ∈ [0, 1]; mtlflow uses
+  τ = step / (total steps − 1), so the last step trains on g_{1,Q}(λ̃).
 * **Ablation variants** (Sec. 6.1 and App. D): ``deterministic`` = g_{1,Q}(λ̃_m) at every step (no
   annealing); ``dirichlet`` = M rays drawn from Dirichlet(p·𝟏) per batch (M = 1: the PHN setting,
   M > 1: the PaMaL setting); ``dirichlet-annealed`` = Dirichlet(p(1 − τ)·𝟏). The concentration

@@ -87,7 +87,8 @@ def _same(documented, actual) -> bool:
 @pytest.mark.parametrize("page,header,defaults", [
     ("research/ldc-mtl.md", "| hyper-parameter | default |",
      lambda: {k: v[0] for k, v in methods.info("ldcmtl").hparams.items()}),
-    ("research/palora.md", "| `--hp` | default |", lambda: {k: v[0] for k, v in methods.info("palora").hparams.items()}),
+    ("research/palora.md", "| `--hp` | default |",
+     lambda: {k: v[0] for k, v in methods.info("palora").hparams.items()}),
     ("research/normal.md", "| option | value |", lambda: architectures.resolve("normal", {})),
 ])
 def test_documented_option_tables_equal_the_code_defaults(page, header, defaults):
