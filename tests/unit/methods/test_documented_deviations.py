@@ -364,3 +364,15 @@ def test_requires_table_lists_every_method_by_what_it_needs():
         if not cls.custom_step:  # methods owning their step compute what they need themselves (the row says so)
             actual.setdefault(cls.requires.value, set()).add(name)
     assert documented == actual
+
+
+def test_toy_and_hypercleaning_settings_are_the_documented_ones():
+    from mtlflow.experiments.trajectories import STEPS_PER_EPOCH, toy_options
+
+    # research/cost.md: the toy's dense adapter, "toy defaults 50 steps, lr 0.05, δ = 0.5, ñ = 4; an epoch =
+    # 1,000 steps"
+    toy = toy_options({})
+    assert (toy.steps, toy.lr, toy.radius, toy.perturbations, STEPS_PER_EPOCH) == (50, 0.05, 0.5, 4, 1000)
+    # research/thesis.md: "Default per dataset 1,500 train / 300 val / 700 test", the noisy half of the labels
+    config = benchmarks.build("hypercleaning").config
+    assert (config["n_train"], config["n_val"], config["n_test"]) == (1500, 300, 700)
