@@ -376,3 +376,28 @@ def test_toy_and_hypercleaning_settings_are_the_documented_ones():
     # research/thesis.md: "Default per dataset 1,500 train / 300 val / 700 test", the noisy half of the labels
     config = benchmarks.build("hypercleaning").config
     assert (config["n_train"], config["n_val"], config["n_test"]) == (1500, 300, 700)
+
+
+# -- the switches the deviation table names change what it says they change -------------------------------
+
+def test_named_switches_act_as_documented():
+    import torch
+
+    # nashmtl: no clipping by default (the paper); `max_norm=1.0` clips the shared parameters only (official)
+    assert methods.build("nashmtl", 2).shared_grad_max_norm() is None
+    assert methods.build("nashmtl", 2, max_norm=1.0).shared_grad_max_norm() == 1.0
+    # cagrad: `rescale=1` is the official d / (1 + c²) of the default's d (Algorithm 1)
+    grads = torch.tensor([[1.0, 0.2, -0.3], [-0.4, 1.0, 0.5]], dtype=torch.float64)
+    losses = torch.ones(2, dtype=torch.float64)
+    plain = methods.build("cagrad", 2).combine(grads, losses)
+    official = methods.build("cagrad", 2, rescale=1).combine(grads, losses)
+    assert torch.allclose(official, plain / (1 + 0.4 ** 2), rtol=1e-9, atol=1e-12)
+    # ldcmtl: `sigma_min`/`sigma_max` clamp each σ_i (official [0.2, 0.8], not renormalised); off by default
+    sigmas = []
+    for clamp in ({}, {"sigma_min": 0.2, "sigma_max": 0.8}):
+        method = methods.build("ldcmtl", 2, router="vector", **clamp)
+        with torch.no_grad():
+            method.router.logits.copy_(torch.tensor([5.0, 0.0]))
+        sigmas.append(method.weights(losses.float()))
+    assert torch.allclose(sigmas[0], torch.softmax(torch.tensor([5.0, 0.0]), 0))
+    assert torch.allclose(sigmas[1], torch.tensor([0.8, 0.2]))
