@@ -401,3 +401,12 @@ def test_named_switches_act_as_documented():
         sigmas.append(method.weights(losses.float()))
     assert torch.allclose(sigmas[0], torch.softmax(torch.tensor([5.0, 0.0]), 0))
     assert torch.allclose(sigmas[1], torch.tensor([0.8, 0.2]))
+
+
+def test_methods_the_scale_rule_names_are_convex_combinations():
+    text = (DOCS / "methods/index.md").read_text()
+    named = re.search(r"weights sum to 1 \(([^)]*)\) has\s+`natural_scale = \"mean\"`", text)
+    assert named, "methods/index.md no longer states the scale rule with its examples"
+    names = [_method_name(n.strip()) for n in named.group(1).split(",") if n.strip() not in ("…", "...")]
+    assert len(names) >= 6
+    assert {n: methods.get(n).natural_scale for n in names} == {n: "mean" for n in names}
