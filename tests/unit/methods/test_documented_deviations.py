@@ -373,6 +373,16 @@ def test_toy_and_hypercleaning_settings_are_the_documented_ones():
     # 1,000 steps"
     toy = toy_options({})
     assert (toy.steps, toy.lr, toy.radius, toy.perturbations, STEPS_PER_EPOCH) == (50, 0.05, 0.5, 4, 1000)
+    # research/toy-and-bench.md: the 5 Nash-MTL/FAMO starts, Adam 1e-3, method parameters at 0.025, scale 0.1
+    # on L1, 35,000 steps, min_losses (−21·scale, −21) and FAMO's γ = 0 of its toy script
+    from mtlflow.benchmarks.toy import START_POINTS
+    from mtlflow.experiments.trajectories import DEFAULT_LR, DEFAULT_STEPS, METHOD_LR
+
+    assert START_POINTS == ((-8.5, 7.5), (0.0, 0.0), (9.0, 9.0), (-7.5, -0.5), (9.0, -1.0))
+    assert (DEFAULT_LR, METHOD_LR, DEFAULT_STEPS) == (1e-3, 0.025, 35_000)
+    bench = benchmarks.build("toy")
+    assert bench.config["scale"] == 0.1 and bench.loss_lower_bounds == [pytest.approx(-2.1), -21.0]
+    assert bench.method_defaults("famo") == {"gamma": 0.0}
     # research/thesis.md: "Default per dataset 1,500 train / 300 val / 700 test", the noisy half of the labels
     config = benchmarks.build("hypercleaning").config
     assert (config["n_train"], config["n_val"], config["n_test"]) == (1500, 300, 700)
