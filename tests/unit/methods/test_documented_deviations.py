@@ -420,3 +420,15 @@ def test_methods_the_scale_rule_names_are_convex_combinations():
     names = [_method_name(n.strip()) for n in named.group(1).split(",") if n.strip() not in ("…", "...")]
     assert len(names) >= 6
     assert {n: methods.get(n).natural_scale for n in names} == {n: "mean" for n in names}
+
+
+def test_thesis_recipes_are_the_documented_ones():
+    """research/thesis.md "Recipes": the Office benchmarks carry the thesis' ω optimiser, NYUv2 and QM9 the
+    shared recipes."""
+    for name in ("office31", "officehome"):
+        recipe = benchmarks.get(name).train_defaults
+        assert {k: recipe[k] for k in ("lr", "weight_decay", "batch_size", "epochs", "optimizer")} == {
+            "lr": 1e-4, "weight_decay": 1e-5, "batch_size": 64, "epochs": 100, "optimizer": "adam"}
+    assert benchmarks.get("nyuv2").train_defaults["batch_size"] == 2
+    assert benchmarks.get("nyuv2").train_defaults.get("weight_decay", 0.0) == 0.0
+    assert benchmarks.get("qm9").train_defaults["batch_size"] == 120
