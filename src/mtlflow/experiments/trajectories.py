@@ -184,7 +184,7 @@ def run_method(name: str, steps: int = DEFAULT_STEPS, scale: float = 0.1, lr: fl
     if method_params:
         groups.append({"params": method_params, "lr": METHOD_LR})
     optimizer = torch.optim.Adam(groups, lr=lr)
-    scale_k = update_scale(cls.natural_scale, n_tasks=2)
+    scale_k = update_scale(instances[0].natural_scale, n_tasks=2)  # the instance's: --hp scale_convention
     every = max(1, steps // MAX_TRACE_POINTS)
     trace, trace_steps = [x.detach().clone()], [0]
     started = time.perf_counter()
@@ -473,9 +473,9 @@ def run_method_with_cost(name: str, steps: int, scale: float = 0.1, lr: float = 
         result.status, result.note = "skipped", "owns its training step (custom_step)"
         return result, []
     hp = resolved_hparams(Toy(scale=scale), name, hparams)
-    scale_k = update_scale(cls.natural_scale, n_tasks=2)
     x = torch.nn.Parameter(torch.tensor(starts, dtype=torch.float64))
     instances = [method_registry.build(name, 2, **hp) for _ in starts]
+    scale_k = update_scale(instances[0].natural_scale, n_tasks=2)  # the instance's: --hp scale_convention
     groups: list[dict[str, Any]] = [{"params": [x]}]
     method_params = [p for m in instances for p in m.parameters()]
     if method_params:

@@ -68,3 +68,24 @@ def test_toy_rejects_unknown_methods_and_bad_hparams(tmp_path: Path, capsys: pyt
                  "--out", str(tmp_path / "b")]) == 2
     assert "solver='simplex' is invalid" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("runner", ["run_method", "run_method_with_cost"])
+@pytest.mark.parametrize("convention, expected", [("natural", 2.0), ("reference", 1.0)])
+def test_the_toy_runner_scales_updates_by_the_methods_scale_convention(monkeypatch: pytest.MonkeyPatch, runner: str,
+                                                                        convention: str, expected: float) -> None:
+    """FAMO's weights sum to 1, so its update is ×K (K = 2) unless ``scale_convention=reference`` asks for
+    the official code's plain Σ w_i g_i (Method.reference_scale = "sum")."""
+    from mtlflow.experiments import trajectories
+
+    seen: list[float] = []
+    real_step = trajectories._step
+
+    def recording_step(*args, **kwargs):
+        seen.append(args[-1])
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(trajectories, "_step", recording_step)
+    hparams = {} if convention == "natural" else {"scale_convention": "reference"}
+    getattr(trajectories, runner)("famo", steps=2, hparams=hparams, starts=START_POINTS[:1])
+    assert seen and set(seen) == {expected}
