@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
-from e2e_support import IMAGE, REPO_ROOT
+from e2e_support import IMAGE, REPO_ROOT, folder_for_uid_1000
 
 
 @pytest.fixture(scope="session")
@@ -26,11 +25,8 @@ def image() -> str:
 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
-    """A work directory that UID 1000 in the containers can write (the tests run as root on the host)."""
-    work = tmp_path / "work"
-    work.mkdir()
-    os.chown(work, 1000, 1000)
-    return work
+    """A work directory that UID 1000 in the containers can write."""
+    return folder_for_uid_1000(tmp_path / "work")
 
 
 @pytest.fixture

@@ -21,6 +21,13 @@ STRICT_RUN = {"user": "1000:1000", "read_only": True, "network_mode": "none",
               "environment": {"OMP_NUM_THREADS": "1"}}
 
 
+def folder_for_uid_1000(path: Path) -> Path:
+    """A new folder that UID 1000 in the containers can write (the tests run as root on the host)."""
+    path.mkdir()
+    os.chown(path, 1000, 1000)
+    return path
+
+
 def docker_run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """``docker run --rm ARGS`` with its output captured."""
     return subprocess.run(["docker", "run", "--rm", *args], capture_output=True, text=True, timeout=timeout)

@@ -9,14 +9,13 @@ kfp 2.17.0's DockerRunner counts a container that was auto-removed before its ex
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 import yaml
-from e2e_support import REPO_ROOT, STRICT_RUN
+from e2e_support import REPO_ROOT, STRICT_RUN, folder_for_uid_1000
 from kfp import dsl, local
 
 from mtlflow.ops.storage import StorageLayout
@@ -61,10 +60,7 @@ def run_in_containers(pipeline_func: Callable, params: dict[str, Any], artifacts
 @pytest.fixture
 def artifacts(workdir: Path) -> Path:
     """The pipeline root, which DockerRunner bind-mounts at the same path; the storage root lives inside it."""
-    root = workdir / "artifacts"
-    root.mkdir()
-    os.chown(root, 1000, 1000)
-    return root
+    return folder_for_uid_1000(workdir / "artifacts")
 
 
 def test_demo_pipeline_runs_in_the_image(image, artifacts, run_label):
