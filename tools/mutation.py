@@ -152,7 +152,7 @@ def pending_in(folders: list[str], mutants_dir: Path) -> list[str]:
 
 
 #: what mutmut copies unmutated into its working copy (the tests, and ``also_copy`` of pyproject.toml)
-COPIED = ("tests", "components", "pipelines")
+COPIED = ("tests", "components", "pipelines", "examples", "docs")
 
 
 def drop_stale_copies(mutants_dir: Path) -> None:

@@ -10,17 +10,26 @@ from conftest import run_cli
 
 
 def test_spec_data_bench_writes_its_table(tmp_path) -> None:
-    proc = run_cli("bench", "--spec-data", "--rows", "3000", "--columns", "12", "--steps", "10", "--warmup", "2",
-                   "--batch-size", "64", "--out", str(tmp_path))
+    proc = run_cli("bench", "--spec-data", "--rows", "3000", "--columns", "12", "--steps", "50", "--warmup", "2",
+                   "--batch-size", "32", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "spec_data.json").read_text())
     prepare, train = summary["prepare"], summary["train"]
     assert prepare["rows"] == 3000 and prepare["csv_bytes"] > 3000 * 12
     assert 0 < prepare["prepare_seconds"] < prepare["process_seconds"]
     assert prepare["peak_rss_bytes"] >= prepare["baseline_rss_bytes"] > 0
-    assert len(train["mtlflow_rounds"]) == len(train["hand_written_rounds"]) == 5
-    assert train["ratio"] == train["mtlflow_samples_per_second"] / train["hand_written_samples_per_second"]
-    assert all(np.isfinite(train["mtlflow_rounds"])) and min(train["hand_written_rounds"]) > 0
+    # 50 timed steps in alternating chunks of 25: two chunks of each loop, and the rates are their samples/time
+    ours = np.array(train["mtlflow_chunk_rates"])
+    samples = 25 * 32
+    assert len(ours) == 2 and (ours > 0).all()
+    assert np.isclose(train["mtlflow_samples_per_second"], 50 * 32 / (samples / ours).sum())
+    assert set(train["hand_written"]) == {"index", "index_select"}
+    for hand in train["hand_written"].values():
+        theirs = np.array(hand["chunk_rates"])
+        assert len(theirs) == 2 and (theirs > 0).all()
+        assert np.isclose(hand["samples_per_second"], 50 * 32 / (samples / theirs).sum())
+        assert hand["ratio"] == train["mtlflow_samples_per_second"] / hand["samples_per_second"]
+        assert np.isclose(hand["chunk_ratio_median"], np.median(ours / theirs))
     assert "3,000 rows x 12 columns" in (tmp_path / "spec_data.md").read_text()
 
 

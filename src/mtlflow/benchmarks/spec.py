@@ -234,16 +234,18 @@ class SpecBenchmark(Benchmark):
 
     def make_loader(self, dataset: Dataset, batch_size: int, shuffle: bool = False,
                     generator: torch.Generator | None = None, num_workers: int = 0,
-                    pin_memory: bool = False) -> DataLoader:
+                    pin_memory: bool = False) -> DataLoader | InMemoryBatches:
         if self.spec.modality == "molecules":
             from torch_geometric.loader import DataLoader as GraphDataLoader
 
             return GraphDataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
                                    num_workers=num_workers, pin_memory=pin_memory,
                                    worker_init_fn=seed_worker if num_workers else None)
-        return DataLoader(dataset, batch_sampler=IndexBatches(len(dataset), batch_size, shuffle, generator),
-                          collate_fn=batch_as_is, num_workers=num_workers, pin_memory=pin_memory,
-                          worker_init_fn=seed_worker if num_workers else None)
+        batches = IndexBatches(len(dataset), batch_size, shuffle, generator)
+        if isinstance(dataset, BatchedTensorDataset) and not num_workers and not pin_memory:
+            return InMemoryBatches(dataset, batches)
+        return DataLoader(dataset, batch_sampler=batches, collate_fn=batch_as_is, num_workers=num_workers,
+                          pin_memory=pin_memory, worker_init_fn=seed_worker if num_workers else None)
 
     # -- model ---------------------------------------------------------------------------------------
     def make_model(self, task_names: Sequence[str] | None = None) -> MultiTaskModel:
@@ -346,11 +348,14 @@ def regression_statistics(values: np.ndarray, train: np.ndarray, where: Any, ind
 
 
 class BatchedTensorDataset(MultiTaskTensorDataset):
-    """Tensor rows gathered a whole batch at a time (``__getitems__``): one index operation per tensor."""
+    """Tensor rows gathered a whole batch at a time (``__getitems__``): one ``index_select`` per tensor, which
+    gathers rows 2.5-3.5x faster than advanced indexing (``x[index]``) on the CPU (a batch of 256 rows of 70
+    float32 columns: 59 against 175 µs, one thread)."""
 
     def __getitems__(self, indices: Sequence[int] | Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         index = torch.as_tensor(indices, dtype=torch.int64)
-        return self.inputs[index], tuple(t[index] for t in self.targets)
+        return (torch.index_select(self.inputs, 0, index),
+                tuple(torch.index_select(t, 0, index) for t in self.targets))
 
 
 class IndexBatches(Sampler):
@@ -365,6 +370,22 @@ class IndexBatches(Sampler):
     def __iter__(self):
         order = torch.randperm(self.n_rows, generator=self.generator) if self.shuffle else torch.arange(self.n_rows)
         yield from order.split(self.batch_size)
+
+
+class InMemoryBatches:
+    """The batches of an in-memory table without worker processes: what ``DataLoader`` yields for it (the same
+    batches in the same order), without its per-batch machinery (fetcher, profiler region, pin-memory and
+    worker checks), which costs about 1 % of a small tabular model's training step."""
+
+    def __init__(self, dataset: BatchedTensorDataset, batches: IndexBatches):
+        self.dataset, self.batches = dataset, batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        for index in self.batches:
+            yield self.dataset.__getitems__(index)
 
 
 def batch_as_is(batch: Any) -> Any:

@@ -39,6 +39,11 @@ def cmd_toy(args: argparse.Namespace) -> int:
     return 0
 
 
+def pick(value: int | None, default: int) -> int:
+    """An option's value, or the default of the bench mode when it was not given."""
+    return default if value is None else value
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from mtlflow.experiments.bench import ENGINE_ROWS, SYNTHETIC, parse_task_counts, run_bench
     from mtlflow.experiments.trajectories import resolve_methods
@@ -46,14 +51,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.spec_data:
         from mtlflow.experiments.spec_data_bench import run_spec_data_bench
 
-        run_spec_data_bench(args.out, rows=args.rows, columns=args.columns, batch_size=args.batch_size,
-                            steps=args.steps, warmup=args.warmup)
+        run_spec_data_bench(args.out, rows=args.rows, columns=args.columns,
+                            batch_size=pick(args.batch_size, 256), steps=pick(args.steps, 1000),
+                            warmup=pick(args.warmup, 50), threads=args.threads)
         print(f"bench: wrote {Path(args.out) / 'spec_data.md'} and spec_data.json")
         return 0
     names = resolve_methods(args.methods)
     summary = run_bench(args.out, names, parse_task_counts(args.tasks),
-                        benchmark=args.benchmark or SYNTHETIC, steps=args.steps, warmup=args.warmup,
-                        batch_size=args.batch_size, width=args.width, image_size=args.image_size,
+                        benchmark=args.benchmark or SYNTHETIC, steps=pick(args.steps, 10),
+                        warmup=pick(args.warmup, 2), batch_size=pick(args.batch_size, 32), width=args.width, image_size=args.image_size,
                         device=args.device, threads=args.threads,
                         engine_rows=ENGINE_ROWS if args.engine is None else (csv_list(args.engine) or []),
                         grad_wrt=csv_list(args.grad_wrt) or ["parameters"], progress=not args.no_progress,
@@ -148,9 +154,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--methods", default="all", help="'all' (default) or a comma-separated list (LS is always added)")
     p.add_argument("--tasks", default="2,10,40", help="task counts K of the synthetic CelebA model")
     p.add_argument("--benchmark", help="time a registered benchmark's model and data instead of synthetic CelebA")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per method")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps before timing")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--steps", type=int, help="timed steps per method (default 10; --spec-data: 1000)")
+    p.add_argument("--warmup", type=int, help="untimed steps before timing (default 2; --spec-data: 50)")
+    p.add_argument("--batch-size", type=int, help="default 32; --spec-data: 256")
     p.add_argument("--width", type=int, default=64, help="channel width of the CelebA CNN (64 = full size)")
     p.add_argument("--image-size", type=int, default=64)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")

@@ -165,6 +165,10 @@ class Trainer:
                                          [t.name for t in self.tasks], self._metric_specs())
         self.shared = self.model.shared_parameters()
         self.task_params = [self.model.task_parameters(i) for i in range(len(self.tasks))]
+        # per-step arguments, built once: every step of a small model pays for each list built in it
+        self._head_params = [p for params in self.task_params for p in params]
+        self._optimized_params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        self._callbacks_need_jacobian = any(cb.needs_jacobian for cb in self.callbacks)
         self.history: list[dict[str, Any]] = []
         self.global_step = 0
         self.gradient_mode, self.grad_backend = self._plan_gradients()
@@ -279,8 +283,12 @@ class Trainer:
         return forward.stacked, forward.losses
 
     def _check_finite(self, losses: Tensor, epoch: int) -> None:
-        if not torch.isfinite(losses).all():
-            bad = [f"{t.name}={float(v)}" for t, v in zip(self.tasks, losses.detach()) if not math.isfinite(float(v))]
+        # the float64 sum of K losses is finite exactly when every loss is (K finite float32/bf16 values
+        # cannot overflow float64; float64 losses near its limit are reported as such): one reduction and
+        # one read, where isfinite().all() runs four kernels
+        if not math.isfinite(float(losses.detach().sum(dtype=torch.float64))):
+            bad = ([f"{t.name}={float(v)}" for t, v in zip(self.tasks, losses.detach()) if not math.isfinite(float(v))]
+                   or ["their float64 sum overflows"])
             raise NonFiniteLossError(
                 f"non-finite loss ({', '.join(bad)}) at epoch {epoch}, step {self.global_step}; "
                 f"lower --lr, set --clip-grad-norm, or check the data")
@@ -291,9 +299,10 @@ class Trainer:
 
     def train_step(self, batch: Any, epoch: int) -> dict[str, Any]:
         """One optimisation step on ``batch``; returns step telemetry (at least ``losses``)."""
-        # evaluation (each epoch's end) and callbacks may leave modules in eval mode; reading the flags is a
-        # fraction of what Module.train() costs per step on a small model
-        if not all(module.training for module in self.model.modules()):
+        # evaluation (each epoch's end) and callbacks may leave the model in eval mode (``Module.eval()`` on the
+        # root); reading the root's flag costs far less than ``Module.train()`` per step. A submodule a user
+        # put in eval mode on purpose (frozen batch norm) stays so.
+        if not self.model.training:
             self.model.train()
         if self.method.custom_step:
             info = self.method.training_step(self, batch, epoch)
@@ -304,10 +313,11 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             started = time.perf_counter()
             work = self._per_task_gradients(batch, epoch)
-            self.dist.synchronize_work(work, [p for params in self.task_params for p in params])
+            self.dist.synchronize_work(work, self._head_params)
             engine_seconds = time.perf_counter() - started
             stacked = work.losses  # stacked once per step: the hooks, telemetry and the update share it
-            state = StepState(epoch=epoch, step=self.global_step, batch=batch, losses=stacked.detach(),
+            detached = stacked.detach()
+            state = StepState(epoch=epoch, step=self.global_step, batch=batch, losses=detached,
                               grads=work.jacobian)
             if attempt == 0 and any([cb.after_gradients(self, state) for cb in self.callbacks]):
                 continue
@@ -318,14 +328,13 @@ class Trainer:
                 return self.dist.mean_losses(self._losses(batch)[0])
 
         # extra: the shared features of this forward pass (LDC-MTL's router) and the batch (its double loop)
-        ctx = StepContext(step=self.global_step, epoch=epoch, losses=stacked.detach(), recompute_losses=recompute,
+        ctx = StepContext(step=self.global_step, epoch=epoch, losses=detached, recompute_losses=recompute,
                           extra={"features": work.forward.features, "batch": batch})
         self.method.before_backward(ctx)
-        info: dict[str, Any] = {"losses": stacked.detach()}
+        info: dict[str, Any] = {"losses": detached}
         started = time.perf_counter()
         solver_seconds = self._apply_update(work, state, stacked)
-        self.dist.average_gradients([p for group in self.optimizer.param_groups for p in group["params"]],
-                                    work.mode)
+        self.dist.average_gradients(self._optimized_params, work.mode)
         info["engine_seconds"] = engine_seconds + time.perf_counter() - started - (solver_seconds or 0.0)
         if solver_seconds is not None:
             info["solver_seconds"] = solver_seconds
@@ -337,7 +346,7 @@ class Trainer:
         self.optimizer_step(state, ctx)
         self.global_step += 1
         if self.method.last_weights is not None:
-            info["weights"] = self.method.last_weights.detach().to("cpu", torch.float64)
+            info["weights"] = self.method.last_weights.detach()
         info.update(state.info)
         return info
 
@@ -378,8 +387,8 @@ class Trainer:
                                             "use grad_wrt=parameters and a method that does not need them")
             return _StepWork(mode, forward, representation=representation_jacobian(forward, self.task_params))
         # losses / reuse: the update back-propagates through this graph, so a callback's Jacobian keeps it
-        needs_jacobian = any(cb.needs_jacobian for cb in self.callbacks)
-        grads = task_jacobian(forward.losses, self.shared, retain_graph=True) if needs_jacobian else None
+        grads = (task_jacobian(forward.losses, self.shared, retain_graph=True) if self._callbacks_need_jacobian
+                 else None)
         return _StepWork(mode, forward, jacobian=grads)
 
     def _apply_update(self, work: "_StepWork", state: StepState, stacked: Tensor) -> float | None:
@@ -490,15 +499,20 @@ class Trainer:
         step_times: list[float] = []
         solver_times: list[float] = []
         engine_times: list[float] = []
-        loss_sums = torch.zeros(len(self.tasks), dtype=torch.float64)
+        # The epoch's sums stay on the training device in float64 and are read once, at the epoch's end: a
+        # per-step copy to the host would wait for the GPU on every step.
+        k = len(self.tasks)
+        loss_sums = torch.zeros(k, dtype=torch.float64, device=self.device)
         weight_sums: Tensor | None = None
-        cos_sum = torch.zeros(len(self.tasks), dtype=torch.float64)
-        conflict_steps = cos_steps = 0
+        cos_sum = torch.zeros(k, dtype=torch.float64, device=self.device)
+        conflict_count = torch.zeros((), dtype=torch.int64, device=self.device)
+        cos_steps = 0
         _reset_peak_memory(self.device)
         for cb in self.callbacks:
             cb.on_epoch_start(self, epoch)
         limit = self.steps_per_epoch()
         n_steps = 0
+        postfix_at = 0.0
         for batch in self._loader(epoch):
             if n_steps >= limit:
                 break
@@ -506,21 +520,24 @@ class Trainer:
             info = self.train_step(batch, epoch)
             step_times.append(time.perf_counter() - t0)
             n_steps += 1
-            loss_sums += info["losses"].to("cpu", torch.float64)
+            loss_sums.add_(info["losses"].detach())
             if "solver_seconds" in info:
                 solver_times.append(info["solver_seconds"])
             if "engine_seconds" in info:
                 engine_times.append(info["engine_seconds"])
             if "weights" in info:
-                weight_sums = info["weights"] if weight_sums is None else weight_sums + info["weights"]
+                weights = info["weights"].detach()
+                weight_sums = weights.to(torch.float64, copy=True) if weight_sums is None else weight_sums.add_(weights)
             if "cosines" in info:
-                cos = info["cosines"].to("cpu", torch.float64)
-                cos_sum += cos
+                cos = info["cosines"].detach()
+                cos_sum.add_(cos)
+                conflict_count.add_((cos < 0).any())
                 cos_steps += 1
-                conflict_steps += int((cos < 0).any())
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(epoch=epoch, loss=f"{float(info['losses'].sum()):.4f}", refresh=False)
+                if t0 - postfix_at >= 1.0:  # the shown loss is read from the device once a second at most
+                    postfix_at = t0
+                    bar.set_postfix(epoch=epoch, loss=f"{float(info['losses'].sum()):.4f}", refresh=False)
         train_seconds = time.perf_counter() - started
         self.dist.sync_parameters(self.model, f"the end of epoch {epoch}")
         splits = self.dist.from_rank0(lambda: {
@@ -529,7 +546,7 @@ class Trainer:
         record: dict[str, Any] = {
             "epoch": epoch,
             "splits": splits,
-            "train_loss": {t.name: float(v) for t, v in zip(self.tasks, loss_sums / max(n_steps, 1))},
+            "train_loss": {t.name: float(v) for t, v in zip(self.tasks, loss_sums.cpu() / max(n_steps, 1))},
             "steps": n_steps,
             "train_seconds": train_seconds,
             "epoch_seconds": time.perf_counter() - started,
@@ -547,10 +564,10 @@ class Trainer:
         if engine_times:
             record["engine_seconds_median"] = statistics.median(engine_times)
         if weight_sums is not None:
-            record["method_weights_mean"] = {t.name: float(v) for t, v in zip(self.tasks, weight_sums / n_steps)}
+            record["method_weights_mean"] = {t.name: float(v) for t, v in zip(self.tasks, weight_sums.cpu() / n_steps)}
         if cos_steps:
-            record["conflict_ratio"] = conflict_steps / cos_steps
-            record["cosine_to_mean"] = {t.name: float(v) for t, v in zip(self.tasks, cos_sum / cos_steps)}
+            record["conflict_ratio"] = int(conflict_count) / cos_steps
+            record["cosine_to_mean"] = {t.name: float(v) for t, v in zip(self.tasks, cos_sum.cpu() / cos_steps)}
         self.method.on_epoch_end(epoch)
         for cb in self.callbacks:
             cb.on_epoch_end(self, record)

@@ -18,3 +18,9 @@ class LinearScalarization(LossWeighting):
 
     def weights(self, losses: Tensor) -> Tensor:
         return torch.ones_like(losses)
+
+    def objective(self, losses: Tensor) -> Tensor:
+        # Σ_i L_i itself: the same value and gradient as Σ_i 1·L_i, bit for bit, without the product and its
+        # backward (two kernels per step, ~1 % of a small tabular model's step)
+        self.last_weights = torch.ones_like(losses)
+        return losses.sum()

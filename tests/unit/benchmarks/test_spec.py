@@ -11,10 +11,11 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from torch.utils.data import DataLoader
 
 from mtlflow import benchmarks
 from mtlflow.benchmarks._spec.schema import SpecError, read_spec
-from mtlflow.benchmarks.spec import IndexBatches
+from mtlflow.benchmarks.spec import IndexBatches, InMemoryBatches
 from mtlflow.core.errors import DataError, InvalidParameterError
 
 
@@ -273,6 +274,14 @@ def test_batches_cover_every_row_once_and_gather_the_right_rows(tmp_path: Path) 
     again = [x for x, _ in bench.make_loader(train, 16, shuffle=True, generator=torch.Generator().manual_seed(5))]
     assert torch.equal(torch.cat(again), torch.cat(batches))  # the same seed, the same order
     assert [len(b) for b in IndexBatches(10, 4, False, None)] == [4, 4, 2]
+    # without workers the batches skip DataLoader's machinery; with a worker they go through it: the same
+    # batches, in the same order, either way
+    assert isinstance(loader, InMemoryBatches) and len(loader) == len(batches) == 5
+    through_workers = bench.make_loader(train, 16, shuffle=True, generator=torch.Generator().manual_seed(5),
+                                        num_workers=1)
+    assert isinstance(through_workers, DataLoader)
+    worker_batches = list(through_workers)
+    assert all(torch.equal(a, b) for a, (b, _) in zip(batches, worker_batches)) and len(worker_batches) == 5
 
 
 def test_model_heads_fit_the_task_kinds(tmp_path: Path) -> None:

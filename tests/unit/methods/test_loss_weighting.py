@@ -422,6 +422,10 @@ def test_ls_weights_are_ones_and_objective_is_sum(k: int) -> None:
     assert float(objective.detach()) == pytest.approx(float(losses.detach().sum()))
     (grad,) = torch.autograd.grad(objective, losses)
     torch.testing.assert_close(grad, torch.ones(k, dtype=torch.float64))
+    assert torch.equal(ls.last_weights, torch.ones(k, dtype=torch.float64))  # what the run's telemetry averages
+    # in float32 too the objective is Σ_i 1·L_i to the last bit
+    losses32 = torch.rand(k, generator=torch.Generator().manual_seed(k)) * 1e3
+    assert torch.equal(ls.objective(losses32), (torch.ones(k) * losses32).sum())
 
 
 # -- the family contract -----------------------------------------------------------------------------
