@@ -80,3 +80,34 @@ def test_missing_images_above_the_threshold_fail_in_one_line_and_write_nothing(t
                      "0000.png; above max_missing_share 0.01); fix the folder or the 'path' column, or raise "
                      "source.max_missing_share"]
     assert not (tmp_path / "data").exists() and not (tmp_path / "cache").exists()
+
+
+def test_spec_init_finds_the_image_column_and_folder_and_its_spec_trains(tmp_path: Path, capsys) -> None:
+    digits_folder(tmp_path, 120, missing=1)
+    out = tmp_path / "init.yaml"
+    assert main(["spec", "init", str(tmp_path / "labels.csv"), "--tasks", "digit,parity,large",
+                 "--out", str(out)]) == 0, capsys.readouterr().err
+    text = out.read_text()
+    spec = yaml.safe_load(text)
+    # the image file names are in column "path" and the files in the subfolder img/, found without --images
+    assert spec["source"] == {"table": "labels.csv", "images": "img", "image_column": "path"}
+    assert "features" not in spec and [t["type"] for t in spec["tasks"]] == ["multiclass", "binary", "binary"]
+    assert "# images: column path names image files; 119 of the first 120 are in img" in text
+    assert main(["prepare", "--spec", str(out), "--out", str(tmp_path / "data")]) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "data" / "manifest.json").read_text())["missing_images_skipped"] == 1
+    assert main(["train", "--data", str(tmp_path / "data"), "--method", "ls", "--epochs", "1",
+                 "--out", str(tmp_path / "ls"), *TINY]) == 0, capsys.readouterr().err
+
+
+def test_spec_init_with_an_image_folder_that_holds_none_of_the_images_fails_in_one_line(tmp_path: Path,
+                                                                                        capsys) -> None:
+    digits_folder(tmp_path, 20, missing=0)
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "init.yaml"
+    capsys.readouterr()
+    assert main(["spec", "init", str(tmp_path / "labels.csv"), "--tasks", "digit", "--images",
+                 str(tmp_path / "empty"), "--out", str(out)]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines == [f"mtlflow: error: column path names image files (e.g. 0000.png), but none of the first 20 is "
+                     f"in {tmp_path / 'empty'}; give their folder with --images DIR"]
+    assert not out.exists()

@@ -17,7 +17,7 @@ def cmd_spec_init(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise InvalidParameterError(f"{out} exists; give another --out or --overwrite to replace it")
-    atomic.write_text(out, infer_spec(args.table, csv_list(args.tasks) or [], out))
+    atomic.write_text(out, infer_spec(args.table, csv_list(args.tasks) or [], out, images=args.images))
     print(f"spec: {out} (check the task kinds and features it lists, then: mtlflow pipeline run --local "
           f"--param spec={out})")
     return 0
@@ -26,10 +26,13 @@ def cmd_spec_init(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the spec command."""
     p = sub.add_parser("spec", help="task specs of your own data: `spec init TABLE --tasks a,b --out my.yaml` writes "
-                                    "a first spec from a CSV or Parquet table")
+                                    "a first spec from a CSV or Parquet table (tables, molecules with a SMILES column, "
+                                    "images named in a column)")
     p.add_argument("what", choices=["init"], help="init: write a spec from the table")
     p.add_argument("table", help="the CSV or Parquet file")
     p.add_argument("--tasks", required=True, help="the label columns, comma-separated (one task each)")
     p.add_argument("--out", required=True, help="the spec file to write (YAML)")
+    p.add_argument("--images", help="an image table's folder of images, when it is not the table's folder or one of "
+                                    "its subfolders (a column of image file names makes the spec an image spec)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     p.set_defaults(func=cmd_spec_init)

@@ -1,9 +1,12 @@
 """A first task spec written from a table: ``mtlflow spec init TABLE --tasks a,b``.
 
 The user names the label columns; everything else is read off the table: each task's kind from its
-column (two values: binary; other text: multiclass; other numbers: regression), the numeric features,
-the low-cardinality text columns as categorical features, and a ``split`` column of train/val/test
-values when there is one. The spec is commented where a guess was made, so the user can check it.
+column (two values: binary; other text, or at most 20 integers: multiclass; other numbers: regression),
+the numeric features, the low-cardinality text columns as categorical features, and a ``split`` column
+of train/val/test values when there is one. A text column whose every value is an image file name (``.png``, ``.jpg``, ...)
+makes it an image spec: the images are looked up in ``images`` when given, else in the table's folder and
+then in each of its subfolders, and the folder where most of them are becomes ``source.images``. The spec
+is commented where a guess was made, so the user can check it.
 """
 
 from __future__ import annotations
@@ -16,11 +19,19 @@ from mtlflow.benchmarks._spec.tables import SPLITS, as_strings, is_numeric
 
 #: text columns with more distinct values than this are left out (ids, free text), not one-hot encoded
 MAX_CATEGORIES = 50
+#: a numeric label column of at most this many integer values is guessed to be class ids (multiclass)
+MAX_CLASSES = 20
+#: file name endings that make a text column the images of an image table (what PIL reads)
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+#: how many image paths are looked up to find their folder and count the missing ones
+IMAGES_CHECKED = 1000
 
 
-def infer_spec(table_path: str | Path, tasks: Sequence[str], spec_path: str | Path) -> str:
+def infer_spec(table_path: str | Path, tasks: Sequence[str], spec_path: str | Path,
+               images: str | Path | None = None) -> str:
     """The YAML text of a spec, to be written at ``spec_path``, for ``table_path`` whose label columns are
-    ``tasks`` (the table is named relative to the spec's folder)."""
+    ``tasks`` (the table is named relative to the spec's folder); ``images``: the folder of an image table's
+    files, when it is not the table's folder or one of its subfolders."""
     import os
 
     import yaml
@@ -39,10 +50,12 @@ def infer_spec(table_path: str | Path, tasks: Sequence[str], spec_path: str | Pa
         notes.append(f"#   {column_name}: {kind} ({why})")
     split_column = "split" if "split" in table.column_names and _is_split(table.column("split")) else None
     smiles = next((c for c in table.column_names if c.lower() == "smiles" and c not in tasks), None)
+    image_column = None if smiles else _image_column(table, tasks)
     used = set(tasks) | {split_column}
     numeric, categorical, left_out = [], [], []
     for column_name in table.column_names:
-        if column_name in used or smiles is not None:  # a molecule table's input is its SMILES column
+        # a molecule table's input is its SMILES column, an image table's its images
+        if column_name in used or smiles is not None or image_column is not None:
             continue
         values = table.column(column_name)
         if is_numeric(values):
@@ -51,14 +64,24 @@ def infer_spec(table_path: str | Path, tasks: Sequence[str], spec_path: str | Pa
             categorical.append(column_name)
         else:
             left_out.append(column_name)
-    source = {"table": os.path.relpath(path.resolve(), spec_path.resolve().parent)}
+    source: dict[str, Any] = {"table": os.path.relpath(path.resolve(), spec_path.resolve().parent)}
+    if smiles:
+        source["smiles"] = smiles
+    image_note = ""
+    if image_column is not None:
+        folder, found, checked = _image_folder(table.column(image_column), path.parent, images, image_column)
+        source["images"] = os.path.relpath(folder.resolve(), spec_path.resolve().parent)
+        if image_column != "image":
+            source["image_column"] = image_column
+        image_note = (f"# images: column {image_column} names image files; {found} of the first {checked} are in "
+                      f"{source['images']} (the model is a ResNet-18; other columns are not used)")
     spec: dict[str, Any] = {
         "name": _name_of(path),
-        "source": {**source, "smiles": smiles} if smiles else source,
+        "source": source,
         "tasks": entries,
         "split": {"column": split_column} if split_column else {"val": 0.1, "test": 0.2, "seed": 0},
     }
-    if not smiles:
+    if not smiles and image_column is None:
         spec["features"] = {"numeric": numeric, "categorical": categorical}
     DataSpec.model_validate(spec)  # what is written must be valid
     header = ["# mtlflow task spec written by `mtlflow spec init`; check the guesses below, then run",
@@ -66,6 +89,8 @@ def infer_spec(table_path: str | Path, tasks: Sequence[str], spec_path: str | Pa
               "# task kinds, read off the label columns:", *notes]
     if smiles:
         header.append(f"# molecules: every row's {smiles} becomes a graph, the model is the MPNN")
+    if image_note:
+        header.append(image_note)
     if left_out:
         header.append(f"# left out (more than {MAX_CATEGORIES} distinct text values, e.g. ids): {', '.join(left_out)}")
     return "\n".join(header) + "\n" + yaml.safe_dump(spec, sort_keys=False)
@@ -89,6 +114,8 @@ def _kind(values: Any) -> tuple[str, str]:
         return "binary", "two values"
     if not is_numeric(values):
         return "multiclass", f"{len(distinct)} text values"
+    if len(distinct) <= MAX_CLASSES and all(float(v).is_integer() for v in distinct):
+        return "multiclass", f"{len(distinct)} integer values, read as class ids; regression if they are amounts"
     return "regression", f"{len(distinct)} numeric values"
 
 
@@ -99,3 +126,31 @@ def _is_split(values: Any) -> bool:
 def _name_of(path: Path) -> str:
     stem = path.name.split(".")[0]
     return "".join(c if c.isalnum() or c in "_.-" else "_" for c in stem) or "data"
+
+
+def _image_column(table: Any, tasks: Sequence[str]) -> str | None:
+    """The first text column (not a label) whose every value is an image file name, if any."""
+    for column_name in table.column_names:
+        values = table.column(column_name)
+        if column_name in tasks or is_numeric(values):
+            continue
+        names = [v for v in as_strings(values) if v is not None]
+        if names and all(v.lower().endswith(IMAGE_SUFFIXES) for v in names):
+            return column_name
+    return None
+
+
+def _image_folder(values: Any, table_folder: Path, given: str | Path | None,
+                  column_name: str) -> tuple[Path, int, int]:
+    """(folder, images found, images looked up) for the first :data:`IMAGES_CHECKED` paths of an image column:
+    the given folder, else the table's folder or the subfolder of it that holds the most of them."""
+    names = [v for v in as_strings(values) if v is not None][:IMAGES_CHECKED]
+    candidates = ([Path(given)] if given is not None else
+                  [table_folder, *sorted(p for p in table_folder.iterdir() if p.is_dir())])
+    counted = [(sum((folder / name).is_file() for name in names), folder) for folder in candidates]
+    found, folder = max(counted, key=lambda pair: pair[0])  # the first folder wins a tie
+    if found == 0:
+        where = (f"{given}" if given is not None else f"{table_folder} or its subfolders")
+        raise SpecError(f"column {column_name} names image files (e.g. {names[0]}), but none of the first "
+                        f"{len(names)} is in {where}; give their folder with --images DIR")
+    return folder, found, len(names)
