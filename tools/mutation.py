@@ -3,6 +3,8 @@
     python tools/mutation.py run [--max-children N] [--stop-after SECONDS] [--retry-undetected]
                                  [--only FOLDER,...]
     python tools/mutation.py report
+    python tools/mutation.py save
+
 
 Run from the repository root (mutmut reads ``[tool.mutmut]`` in pyproject.toml and works in
 ``mutants/``). ``run`` resumes: mutants that already have a result keep it, so a run stopped by
@@ -13,6 +15,12 @@ survived or had no test, so that tests added since count; ``--only`` limits the 
 ``mutants/mutation-report.md`` (killed / survived / ... and % killed for each folder) and
 ``mutants/mutation-survivors.txt`` (the diff of every mutant no test killed), prints the table and
 exits 1 when a folder is below the target or mutants are still unchecked.
+
+The verdicts outlive ``mutants/``: ``run`` ends by saving them (and ``save`` does on its own) into
+``docs/development/mutation-results.json`` (per source file, its functions' hashes and the exit code of
+every mutant with a result), and ``run`` starts by restoring them into ``mutants/``, so a run on a fresh
+clone or another machine tests only the mutants without a verdict; mutmut drops the verdicts of every
+function whose code changed since (its hash differs).
 """
 from __future__ import annotations
 
@@ -28,6 +36,8 @@ from pathlib import Path
 
 TARGET_PERCENT = 85.0
 PACKAGE = Path("src/mtlflow")
+#: the saved verdicts, committed with the code they judged
+SAVED_RESULTS = Path("docs/development/mutation-results.json")
 # The folders the target applies to, each with the source files it covers.
 FOLDERS = {
     "methods": PACKAGE / "methods",
@@ -110,6 +120,10 @@ def write_survivors(results: dict[str, dict[str, tuple[Path, int | None]]], out:
 
 
 def report(mutants_dir: Path) -> int:
+    if not mutants_dir.is_dir():
+        print(f"error: no {mutants_dir}/ here: run `tools/mutation.py run` first (it restores the saved verdicts)",
+              file=sys.stderr)
+        return 2
     results = load_results(mutants_dir)
     table, problems = summarise(results)
     (mutants_dir / "mutation-report.md").write_text(
@@ -163,7 +177,54 @@ def drop_stale_copies(mutants_dir: Path) -> None:
         shutil.rmtree(mutants_dir / name, ignore_errors=True)
 
 
+def save_results(mutants_dir: Path, saved: Path) -> int:
+    """Write the verdicts of ``mutants_dir`` into ``saved`` (merged over what it holds for other files);
+    returns the number of mutants with a verdict."""
+    files = json.loads(saved.read_text())["files"] if saved.is_file() else {}
+    for meta_path in sorted(mutants_dir.rglob("*.py.meta")):
+        source = meta_path.relative_to(mutants_dir).with_suffix("")
+        if folder_of(source) is None:
+            continue
+        meta = json.loads(meta_path.read_text())
+        files[source.as_posix()] = {
+            "hash_by_function_name": dict(sorted(meta["hash_by_function_name"].items())),
+            "exit_code_by_key": {k: v for k, v in sorted(meta["exit_code_by_key"].items()) if v is not None}}
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    partial = saved.with_name(saved.name + ".partial")
+    partial.write_text(json.dumps({"files": dict(sorted(files.items()))}, indent=1) + "\n")
+    partial.replace(saved)
+    return sum(len(entry["exit_code_by_key"]) for entry in files.values())
+
+
+def restore_results(mutants_dir: Path, saved: Path) -> int:
+    """Give ``mutants_dir`` the saved verdicts of the mutants it has none for; mutmut keeps them for the
+    functions whose hash is unchanged when it regenerates the mutants. Returns the number restored."""
+    if not saved.is_file():
+        return 0
+    restored = 0
+    for source, entry in json.loads(saved.read_text())["files"].items():
+        meta_path = mutants_dir / (source + ".meta")
+        meta = (json.loads(meta_path.read_text()) if meta_path.is_file() else
+                {"exit_code_by_key": {}, "hash_by_function_name": {}, "type_check_error_by_key": {},
+                 "durations_by_key": {}, "estimated_durations_by_key": {}})
+        if meta["hash_by_function_name"] and meta["hash_by_function_name"] != entry["hash_by_function_name"]:
+            continue  # mutants generated from other code: their own results stand
+        meta["hash_by_function_name"] = entry["hash_by_function_name"]
+        for mutant, code in entry["exit_code_by_key"].items():
+            if meta["exit_code_by_key"].get(mutant) is None:
+                meta["exit_code_by_key"][mutant] = code
+                restored += 1
+        meta_path.parent.mkdir(parents=True, exist_ok=True)
+        meta_path.write_text(json.dumps(meta, indent=4))
+        # an older mutant file makes mutmut regenerate it from the source and merge the restored verdicts
+        mutant_file = mutants_dir / source
+        if mutant_file.is_file():
+            os.utime(mutant_file, (0, 0))
+    return restored
+
+
 def run(max_children: int, stop_after: float | None, retry_undetected: bool, only: list[str]) -> int:
+    print(f"restored {restore_results(Path('mutants'), SAVED_RESULTS)} saved verdicts")
     if retry_undetected:
         print(f"retesting {forget_undetected(Path('mutants'), only or list(FOLDERS))} undetected mutants")
     names: list[str] = []
@@ -188,6 +249,7 @@ def run(max_children: int, stop_after: float | None, retry_undetected: bool, onl
             process.kill()
             process.wait()
         print(f"stopped after {stop_after:.0f} s; run again to continue", file=sys.stderr)
+    print(f"saved {save_results(Path('mutants'), SAVED_RESULTS)} verdicts in {SAVED_RESULTS}")
     return report(Path("mutants"))
 
 
@@ -204,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--only", type=lambda v: v.split(","), default=[], metavar="FOLDER,...",
                             help=f"test only these of {', '.join(FOLDERS)}")
     sub.add_parser("report", help="write the report of the results so far")
+    sub.add_parser("save", help=f"save the verdicts of mutants/ into {SAVED_RESULTS} (run does it when it ends)")
     args = parser.parse_args(argv)
     if not Path("pyproject.toml").is_file():
         print("error: run tools/mutation.py from the repository root (pyproject.toml not found)", file=sys.stderr)
@@ -214,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: unknown folder {', '.join(unknown)}; choose from {', '.join(FOLDERS)}", file=sys.stderr)
             return 2
         return run(args.max_children, args.stop_after, args.retry_undetected, args.only)
+    if args.command == "save":
+        print(f"saved {save_results(Path('mutants'), SAVED_RESULTS)} verdicts in {SAVED_RESULTS}")
+        return 0
     return report(Path("mutants"))
 
 

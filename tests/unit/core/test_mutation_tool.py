@@ -1,0 +1,57 @@
+"""tools/mutation.py keeps mutmut's verdicts across fresh clones: what `save` writes, `restore` gives back
+to a new mutants/ folder, never over a newer verdict or into mutants generated from other code."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+TOOL = Path(__file__).resolve().parents[3] / "tools" / "mutation.py"
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location("mutation_tool", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_meta(mutants: Path, source: str, hashes: dict, codes: dict) -> Path:
+    path = mutants / (source + ".meta")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"exit_code_by_key": codes, "hash_by_function_name": hashes,
+                                "type_check_error_by_key": {}, "durations_by_key": {},
+                                "estimated_durations_by_key": {}}))
+    return path
+
+
+def test_saved_verdicts_come_back_only_where_none_is_newer_and_the_code_is_the_same(tmp_path: Path) -> None:
+    tool = load_tool()
+    front, simplex = "src/mtlflow/pareto/front.py", "src/mtlflow/pareto/simplex.py"
+    old = tmp_path / "old"
+    write_meta(old, front, {"x_dominates": "aaa"},
+               {"mtlflow.pareto.front.x_dominates__mutmut_1": 1, "mtlflow.pareto.front.x_dominates__mutmut_2": 0,
+                "mtlflow.pareto.front.x_dominates__mutmut_3": None})
+    write_meta(old, simplex, {"x_grid_size": "bbb"}, {"mtlflow.pareto.simplex.x_grid_size__mutmut_1": 1})
+    write_meta(old, "src/mtlflow/jobs/train.py", {"x_f": "c"}, {"mtlflow.jobs.train.x_f__mutmut_1": 1})  # not judged
+    saved = tmp_path / "results.json"
+    assert tool.save_results(old, saved) == 3  # the unchecked mutant and the file outside the folders are not saved
+    assert set(json.loads(saved.read_text())["files"]) == {front, simplex}
+
+    new = tmp_path / "new"
+    # front: a newer verdict of this clone stays; simplex: generated from changed code, its results stand
+    write_meta(new, front, {"x_dominates": "aaa"}, {"mtlflow.pareto.front.x_dominates__mutmut_2": 1})
+    write_meta(new, simplex, {"x_grid_size": "changed"}, {})
+    mutant_file = new / front
+    mutant_file.write_text("# generated\n")
+    assert tool.restore_results(new, saved) == 1
+    restored = json.loads((new / (front + ".meta")).read_text())["exit_code_by_key"]
+    assert restored == {"mtlflow.pareto.front.x_dominates__mutmut_1": 1, "mtlflow.pareto.front.x_dominates__mutmut_2": 1}
+    assert json.loads((new / (simplex + ".meta")).read_text())["exit_code_by_key"] == {}
+    assert os.path.getmtime(mutant_file) == 0  # older than its source: mutmut regenerates it and merges
+
+    fresh = tmp_path / "fresh"  # a fresh clone: no mutants/ yet
+    assert tool.restore_results(fresh, saved) == 3
+    assert json.loads((fresh / (simplex + ".meta")).read_text())["hash_by_function_name"] == {"x_grid_size": "bbb"}
