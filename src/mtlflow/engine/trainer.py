@@ -520,16 +520,17 @@ class Trainer:
             info = self.train_step(batch, epoch)
             step_times.append(time.perf_counter() - t0)
             n_steps += 1
-            loss_sums.add_(info["losses"].detach())
+            # a method's own step (custom_step) may report its losses on another device than the model's
+            loss_sums.add_(info["losses"].detach().to(self.device))
             if "solver_seconds" in info:
                 solver_times.append(info["solver_seconds"])
             if "engine_seconds" in info:
                 engine_times.append(info["engine_seconds"])
             if "weights" in info:
-                weights = info["weights"].detach()
+                weights = info["weights"].detach().to(self.device)
                 weight_sums = weights.to(torch.float64, copy=True) if weight_sums is None else weight_sums.add_(weights)
             if "cosines" in info:
-                cos = info["cosines"].detach()
+                cos = info["cosines"].detach().to(self.device)
                 cos_sum.add_(cos)
                 conflict_count.add_((cos < 0).any())
                 cos_steps += 1
