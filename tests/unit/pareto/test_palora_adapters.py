@@ -116,8 +116,12 @@ def test_parameter_count_follows_sec_4_1(factorization):
     report = parameter_overhead(model, n_tasks=2, rank=2, layers="all", factorization=factorization)
     adapters = PreferenceAdapters.inject(model, 2, 2, 1.0, layers="all", factorization=factorization)
     assert report["adapter_parameters"] == sum(p.numel() for p in adapters.parameters())
+    assert (report["n_tasks"], report["rank"], report["factorization"]) == (2, 2, factorization)
     for row in report["layers"]:
         module = adapters.model.get_submodule(row["layer"])
+        # the row describes the original layer: its class and its weight's n x m elements
+        assert row["type"] == ("Conv2d" if isinstance(module, nn.Conv2d) else "Linear")
+        assert row["base"] == row["n"] * row["m"] == module.weight.numel()
         k = module.kernel_size[0] if isinstance(module, nn.Conv2d) and factorization == "kernel" else 1
         n, c = row["n"], row["m"] // (k * k)
         assert row["adapters"] == 2 * 2 * k * k * (n + c)  # matrix: T·r·(m + n); kernel: T·r·k²(n + c)
