@@ -125,6 +125,10 @@ def test_parameter_count_follows_sec_4_1(factorization):
         k = module.kernel_size[0] if isinstance(module, nn.Conv2d) and factorization == "kernel" else 1
         n, c = row["n"], row["m"] // (k * k)
         assert row["adapters"] == 2 * 2 * k * k * (n + c)  # matrix: T·r·(m + n); kernel: T·r·k²(n + c)
+    adapted = sum(row["base"] for row in report["layers"])
+    assert report["adapted_weight_parameters"] == adapted
+    assert report["model_parameters"] == sum(p.numel() for p in _multimnist_model().parameters())
+    assert report["adapted_weights_overhead_percent"] == 100.0 * report["adapter_parameters"] / adapted
 
 
 def test_overheads_on_the_benchmarks():

@@ -53,3 +53,16 @@ def test_spearman_is_undefined_for_a_constant_task_error_and_the_aggregate_carri
     merged = aggregate_fronts([record, record], "val", TASKS, PRIMARY, SPECS)
     assert merged["spearman"] == {"a": None, "b": pytest.approx(0.5, abs=1e-12)}
     assert merged["non_dominated"] == 1   # (0.4, 0.1) dominates both other points
+
+
+@pytest.mark.parametrize("a, b, expected", [
+    ((1.0, 2.0), (1.0, 3.0), True),    # equal in one error, lower in the other
+    ((1.0, 2.0), (2.0, 3.0), True),    # lower in both
+    ((1.0, 3.0), (1.0, 2.0), False),   # the other way round
+    ((1.0, 2.0), (1.0, 2.0), False),   # a point does not dominate itself
+    ((0.0, 5.0), (1.0, 2.0), False),   # a trade-off: neither dominates
+])
+def test_dominance_is_lower_or_equal_everywhere_and_lower_somewhere(a, b, expected) -> None:
+    from mtlflow.pareto.front import dominates
+
+    assert dominates(a, b) is expected
