@@ -9,7 +9,7 @@ from torch import nn
 
 from mtlflow import benchmarks
 from mtlflow.core.errors import InvalidParameterError
-from mtlflow.pareto.adapters import PreferenceAdapters, parameter_overhead
+from mtlflow.pareto.adapters import AdapterSpec, PreferenceAdapters, parameter_overhead
 
 
 def _randomise(adapters: PreferenceAdapters, seed: int = 0) -> None:
@@ -129,6 +129,14 @@ def test_parameter_count_follows_sec_4_1(factorization):
     assert report["adapted_weight_parameters"] == adapted
     assert report["model_parameters"] == sum(p.numel() for p in _multimnist_model().parameters())
     assert report["adapted_weights_overhead_percent"] == 100.0 * report["adapter_parameters"] / adapted
+
+
+def test_the_adapter_spec_of_a_saved_model_reads_back_as_written():
+    spec = AdapterSpec(3, 4, 2.0, ("trunk.conv.0", "trunk.fc.1"), "kernel")
+    assert AdapterSpec.from_dict(spec.to_dict()) == spec
+    # models saved before the factorisation was recorded had matrix adapters
+    legacy = {key: value for key, value in spec.to_dict().items() if key != "factorization"}
+    assert AdapterSpec.from_dict(legacy).factorization == "matrix"
 
 
 def test_overheads_on_the_benchmarks():

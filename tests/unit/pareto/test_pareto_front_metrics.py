@@ -66,3 +66,26 @@ def test_dominance_is_lower_or_equal_everywhere_and_lower_somewhere(a, b, expect
     from mtlflow.pareto.front import dominates
 
     assert dominates(a, b) is expected
+
+
+def test_the_aggregate_of_seeds_keeps_the_grid_and_the_spread_of_their_hypervolumes():
+    from mtlflow.core.errors import InvalidParameterError
+
+    prefs = torch.tensor([[0.0, 1.0], [0.5, 0.5], [1.0, 0.0]], dtype=torch.float64)
+    one = front_record(prefs, {"val": _points([(0.2, 0.8), (0.5, 0.5), (0.8, 0.2)])}, TASKS, PRIMARY, SPECS, REFERENCE)
+    two = front_record(prefs, {"val": _points([(0.1, 0.7), (0.4, 0.4), (0.7, 0.1)])}, TASKS, PRIMARY, SPECS, REFERENCE)
+    merged = aggregate_fronts([one, two], "val", TASKS, PRIMARY, SPECS)
+    per_seed = [one["splits"]["val"]["hypervolume"], two["splits"]["val"]["hypervolume"]]
+    assert merged["split"] == "val" and merged["reference_point"] == REFERENCE
+    assert merged["preferences"] == one["preferences"]
+    assert merged["hypervolume_per_seed"] == per_seed
+    # two seeds: the sample standard deviation is |h1 - h2| / √2
+    assert merged["hypervolume_seed_std"] == pytest.approx(abs(per_seed[0] - per_seed[1]) / 2 ** 0.5, rel=1e-12)
+    assert aggregate_fronts([one], "val", TASKS, PRIMARY, SPECS)["hypervolume_seed_std"] == 0.0
+    with pytest.raises(InvalidParameterError) as caught:
+        aggregate_fronts([one, two], "test", TASKS, PRIMARY, SPECS)
+    assert str(caught.value) == "the preference front of 2 run(s) lacks the 'test' split"
+    other_grid = front_record(prefs.flip(0), {"val": _points([(0.1, 0.7)] * 3)}, TASKS, PRIMARY, SPECS, REFERENCE)
+    with pytest.raises(InvalidParameterError) as caught:
+        aggregate_fronts([one, other_grid], "val", TASKS, PRIMARY, SPECS)
+    assert str(caught.value).startswith("the runs of one method were evaluated on different preference grids")
