@@ -89,3 +89,20 @@ def test_the_aggregate_of_seeds_keeps_the_grid_and_the_spread_of_their_hypervolu
     with pytest.raises(InvalidParameterError) as caught:
         aggregate_fronts([one, other_grid], "val", TASKS, PRIMARY, SPECS)
     assert str(caught.value).startswith("the runs of one method were evaluated on different preference grids")
+
+
+def test_front_methods_list_the_methods_their_front_dominates():
+    from mtlflow.pareto.front import attach_fronts
+
+    prefs = torch.tensor([[0.0, 1.0], [0.5, 0.5], [1.0, 0.0]], dtype=torch.float64)
+    front = front_record(prefs, {"val": _points([(0.2, 0.8), (0.4, 0.4), (0.8, 0.2)])}, TASKS, PRIMARY, SPECS,
+                         REFERENCE)
+    # LS comes first and has no front. By hand: the front's (0.4, 0.4) dominates LS's (0.5, 0.5); no front
+    # point has an error ≤ 0.1 on task a, so none dominates MGDA's (0.1, 0.9)
+    rows = {"ls": {"primary_errors": [0.5, 0.5]}, "palora": {"primary_errors": [0.4, 0.4]},
+            "mgda": {"primary_errors": [0.1, 0.9]}}
+    groups = {"ls": [{"metrics": {}}], "palora": [{"metrics": {"preference_front": front}}] * 2,
+              "mgda": [{"metrics": {}}]}
+    assert attach_fronts(rows, groups, "val", TASKS, PRIMARY, SPECS) == ["palora"]
+    assert rows["palora"]["preference_front"]["dominates"] == ["ls"]  # never itself, never mgda
+    assert "preference_front" not in rows["ls"] and "preference_front" not in rows["mgda"]
