@@ -114,3 +114,19 @@ def test_autogram_reuses_its_hooked_clone_until_the_trunk_changes() -> None:
     with autogram.hooked(model):
         problem.forward()
     assert autogram._clone is not clone
+
+
+def test_task_jacobian_is_the_loop_backends_jacobian_with_the_heads_plain_gradients() -> None:
+    from mtlflow.grad_engine import task_jacobian
+
+    model, problem = small_problem()
+    expected_j, head_grads, _ = reference(problem)
+    model.zero_grad(set_to_none=True)
+    losses = problem.forward().losses
+    torch.testing.assert_close(task_jacobian(losses, problem.shared, problem.task_params), expected_j,
+                               rtol=1e-10, atol=1e-12)
+    for params, expected in zip(problem.task_params, head_grads):
+        for p, g in zip(params, expected):
+            torch.testing.assert_close(p.grad, g, rtol=1e-10, atol=1e-12)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):  # freed by default
+        torch.autograd.grad(losses[0], problem.shared)

@@ -106,3 +106,22 @@ def test_front_methods_list_the_methods_their_front_dominates():
     assert attach_fronts(rows, groups, "val", TASKS, PRIMARY, SPECS) == ["palora"]
     assert rows["palora"]["preference_front"]["dominates"] == ["ls"]  # never itself, never mgda
     assert "preference_front" not in rows["ls"] and "preference_front" not in rows["mgda"]
+
+
+def test_the_report_tables_of_a_front_method_show_its_reference_point_and_grid():
+    from mtlflow.pareto.front import attach_fronts, front_tables
+
+    prefs = torch.tensor([[0.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+    front = front_record(prefs, {"val": _points([(0.2, 0.8), (0.8, 0.2)])}, TASKS, PRIMARY, SPECS, REFERENCE)
+    rows = {"palora": {"primary_errors": [0.5, 0.5], "seeds": [0, 1], "hypervolume": 0.25},
+            "ls": {"primary_errors": [0.9, 0.9]}}
+    attach_fronts(rows, {"palora": [{"metrics": {"preference_front": front}}] * 2, "ls": [{"metrics": {}}]},
+                  "val", TASKS, PRIMARY, SPECS)
+    summary = {"preference_front_methods": ["palora"], "tasks": TASKS, "primary_metrics": PRIMARY,
+               "hypervolume_reference_point": REFERENCE, "split": "val", "methods": rows}
+    (title, _, overview), (grid_title, header, grid) = front_tables(summary)
+    assert title == "Pareto-front methods (val split, hypervolume reference point [1.0, 1.0])"
+    assert overview[0][0] == "palora" and overview[0][1] == "2" and overview[0][-1] == "ls"
+    assert grid_title == "palora: front on the preference grid (mean over seeds)"
+    assert header == ["λ", "a loss", "b loss", "non-dominated"]
+    assert grid == [["0.00, 1.00", "0.2000", "0.8000", "yes"], ["1.00, 0.00", "0.8000", "0.2000", "yes"]]
