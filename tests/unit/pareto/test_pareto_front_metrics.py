@@ -119,9 +119,18 @@ def test_the_report_tables_of_a_front_method_show_its_reference_point_and_grid()
                   "val", TASKS, PRIMARY, SPECS)
     summary = {"preference_front_methods": ["palora"], "tasks": TASKS, "primary_metrics": PRIMARY,
                "hypervolume_reference_point": REFERENCE, "split": "val", "methods": rows}
-    (title, _, overview), (grid_title, header, grid) = front_tables(summary)
+    (title, overview_header, overview), (grid_title, header, grid) = front_tables(summary)
     assert title == "Pareto-front methods (val split, hypervolume reference point [1.0, 1.0])"
-    assert overview[0][0] == "palora" and overview[0][1] == "2" and overview[0][-1] == "ls"
+    assert overview_header == ["method", "seeds", "grid points", "HV of the mean front ↑", "HV per seed ↑",
+                               "distinct non-dominated ↑", "Spearman ρ(λ_t, error_t) per task ↓",
+                               "HV of the centre point ↑", "single-point methods it dominates"]
+    merged = rows["palora"]["preference_front"]
+    # by hand: each task's error rises with its own weight over the two grid points, ρ = +1 for both
+    assert overview == [["palora", "2", "2", f"{merged['hypervolume']:.4f}",
+                         f"{merged['hypervolume_seed_mean']:.4f} ± 0.0000", "2/2", "+1.00, +1.00", "0.2500", "ls"]]
+    del rows["ls"]
+    attach_fronts(rows, {"palora": [{"metrics": {"preference_front": front}}]}, "val", TASKS, PRIMARY, SPECS)
+    assert front_tables(summary)[0][2][0][-1] == "none"  # a front that dominates no single-point method
     assert grid_title == "palora: front on the preference grid (mean over seeds)"
     assert header == ["λ", "a loss", "b loss", "non-dominated"]
     assert grid == [["0.00, 1.00", "0.2000", "0.8000", "yes"], ["1.00, 0.00", "0.8000", "0.2000", "yes"]]
