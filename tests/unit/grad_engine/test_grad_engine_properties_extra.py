@@ -130,3 +130,16 @@ def test_task_jacobian_is_the_loop_backends_jacobian_with_the_heads_plain_gradie
             torch.testing.assert_close(p.grad, g, rtol=1e-10, atol=1e-12)
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):  # freed by default
         torch.autograd.grad(losses[0], problem.shared)
+
+
+def test_the_func_backend_says_what_it_cannot_do() -> None:
+    from dataclasses import replace
+
+    _, problem = small_problem()
+    func = jacobian_backend("func")
+    with pytest.raises(ValueError) as caught:
+        func.jacobian(replace(problem, functional_losses=None))
+    assert str(caught.value) == "the func backend needs StepProblem.functional_losses"
+    with pytest.raises(ValueError) as caught:
+        func.jacobian(problem, retain_graph=True)
+    assert str(caught.value) == "the func backend builds no autograd graph to retain; use loop or batched"
