@@ -134,3 +134,22 @@ def test_the_report_tables_of_a_front_method_show_its_reference_point_and_grid()
     assert grid_title == "palora: front on the preference grid (mean over seeds)"
     assert header == ["λ", "a loss", "b loss", "non-dominated"]
     assert grid == [["0.00, 1.00", "0.2000", "0.8000", "yes"], ["1.00, 0.00", "0.8000", "0.2000", "yes"]]
+
+
+def test_the_front_tables_mark_dominated_grid_points_and_undefined_correlations():
+    from mtlflow.pareto.front import attach_fronts, front_tables
+
+    prefs = torch.tensor([[0.0, 1.0], [0.5, 0.5], [1.0, 0.0]], dtype=torch.float64)
+    # task a's error is constant (ρ undefined: "–"); by hand (0.4, 0.2) dominates the two other points, and
+    # LS's (0.5, 0.5) and MGDA's (0.6, 0.3); task b: ranks of λ_b (3, 2, 1), of its errors (2, 3, 1), ρ = 0.5
+    front = front_record(prefs, {"val": _points([(0.4, 0.8), (0.4, 0.9), (0.4, 0.2)])}, TASKS, PRIMARY, SPECS,
+                         REFERENCE)
+    rows = {"palora": {"primary_errors": [0.4, 0.4], "seeds": [0], "hypervolume": 0.36},
+            "ls": {"primary_errors": [0.5, 0.5]}, "mgda": {"primary_errors": [0.6, 0.3]}}
+    attach_fronts(rows, {"palora": [{"metrics": {"preference_front": front}}], "ls": [{"metrics": {}}],
+                         "mgda": [{"metrics": {}}]}, "val", TASKS, PRIMARY, SPECS)
+    summary = {"preference_front_methods": ["palora"], "tasks": TASKS, "primary_metrics": PRIMARY,
+               "hypervolume_reference_point": REFERENCE, "split": "val", "methods": rows}
+    (_, _, overview), (_, _, grid) = front_tables(summary)
+    assert overview[0][5:7] == ["1/3", "–, +0.50"] and overview[0][-1] == "ls, mgda"
+    assert [row[-1] for row in grid] == ["", "", "yes"]
