@@ -55,7 +55,7 @@ import fcntl
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
@@ -289,7 +289,8 @@ class TorchrunGroup(Distributed):
         losses = work.forward.losses
         global_losses = self.mean_losses(torch.stack([loss.detach() for loss in losses]))
         # value = the global loss exactly, gradient = this rank's graph (loss - loss.detach() is 0)
-        work.forward.losses = [g + (loss - loss.detach()) for g, loss in zip(global_losses, losses)]
+        work.forward = replace(work.forward,
+                               losses=[g + (loss - loss.detach()) for g, loss in zip(global_losses, losses)])
         values: list[Tensor | None] = []
         like: list[Tensor] = []
         if work.jacobian is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, ClassVar, Iterator, Sequence
 
 import torch
@@ -32,16 +33,19 @@ from torch import Tensor, nn
 from mtlflow.grad_engine._flat import accumulate_grads, flatten_rows
 
 
-@dataclass
+@dataclass(frozen=True)
 class ForwardPass:
     """One forward pass over a batch: the K task losses as separate graph nodes and the shared features
-    ``z`` (the input of every head), or ``None`` when the pass did not expose them."""
+    ``z`` (the input of every head), or ``None`` when the pass did not expose them. Frozen: a pass whose
+    losses change (DDP's global-batch values) is a new pass, so ``stacked`` never goes stale."""
 
     losses: list[Tensor]
     features: Tensor | None = None
 
-    @property
+    @cached_property
     def stacked(self) -> Tensor:
+        """The K losses as one ``[K]`` tensor, stacked once: the finite check, the hooks and the update of a
+        step share one graph node (a second ``torch.stack`` per step is a measurable cost of a small model)."""
         return torch.stack(self.losses)
 
 
