@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,30 @@ def realdata(*parts: str) -> Path:
         pytest.skip(f"real data {'/'.join(parts)} not found (looked in {', '.join(map(str, candidates()))}; "
                     "set MTLFLOW_REALDATA to the shared realdata folder)")
     return path
+
+
+def first_page_commands() -> list[str]:
+    """The commands of the docs' first page, "Your data, two commands", as printed there."""
+    text = (REPO_ROOT / "docs" / "index.md").read_text()
+    block = re.search(r"## Your data, two commands.*?```bash\n(.*?)```", text, flags=re.S).group(1)
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def churn_csv(path: Path, rows: int = 3000, skip: int = 0) -> Path:
+    """The docs' example table ``churn.csv``, made of real scm20d rows ``skip .. skip + rows``: a binary task
+    ``churned`` (the price above its median, "yes"/"no") and a regression task ``spend``, the other columns
+    as features."""
+    import numpy as np
+    import pandas as pd
+
+    from mtlflow.benchmarks._tabular import read_arff
+
+    table, names = read_arff(realdata("mtr", "scm20d.arff"))
+    frame = pd.DataFrame(table, columns=names).iloc[skip:skip + rows]
+    frame["churned"] = np.where(frame["LBL"] > frame["LBL"].median(), "yes", "no")
+    frame.drop(columns=["LBL"]).rename(columns={"MTLp2A": "spend"}).to_csv(path, index=False)
+    return path
+
 
 #: Size of the MultiMNIST set used to check that training actually learns (see test_training.py).
 MULTIMNIST_SIZES = {"n_train": 10_000, "n_val": 500, "n_test": 1_000}

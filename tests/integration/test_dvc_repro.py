@@ -4,13 +4,15 @@ changes on a tiny MultiMNIST sweep, `dvc exp show` with every metric of the base
 read back (no `!`), `dvc metrics diff` against HEAD's committed metrics, `dvc plots show` (HTML) and `dvc plots
 diff` between the experiments, the stages' code dependencies (a method's source re-runs the trainings only;
 bytecode and docs re-run nothing), and the results committed, pushed and pulled into a second clone, where
-`dvc repro` re-runs nothing but the source stage.
+`dvc repro` re-runs nothing but the source stage. And the task spec of the docs' first page, on a real
+DVC-tracked table, through `dvc repro` and a new version of that table.
 
 Commit the pipeline files before running it: it tests what a clone sees."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -18,6 +20,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from conftest import churn_csv, first_page_commands, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the smallest sweep that still runs every stage: one method, one epoch, a few hundred digits
@@ -149,6 +153,47 @@ def test_experiments_compare_and_reproduce_on_a_fresh_clone(tmp_path):
     assert json.loads((again / "metrics" / "experiment.json").read_text()) == experiments["famo"]["data"]["metrics"][
         "metrics/experiment.json"]["data"]
     shutil.rmtree(remote)
+
+
+@pytest.mark.slow
+def test_the_first_page_spec_runs_unchanged_in_dvc_repro_and_a_new_table_version_reruns_it(tmp_path):
+    """The spec the docs' first command writes for churn.csv (real scm20d rows; the second command runs the same
+    spec in the local pipeline, test_spec_realdata.py) as params.yaml's ``spec`` on a fresh clone, with the table
+    DVC-tracked: `dvc repro` runs every stage on it, again runs only the source stage, and a new version of the
+    table re-runs the pipeline from prepare."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: nothing to clone")
+    repo = tmp_path / "clone"
+    _run(["git", "clone", "-q", str(ROOT), str(repo)], tmp_path)
+    churn_csv(repo / "churn.csv", rows=600)
+    spec_init = first_page_commands()[0].split()
+    assert spec_init[:3] == ["mtlflow", "spec", "init"] and "churn.yaml" in spec_init
+    proc = run_cli(*spec_init[1:], cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    _dvc(repo, "add", "-q", "churn.csv")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params.update(spec="churn.yaml", data_options={}, methods=["ls"], epochs=1, method_hparams={},
+                  train_options={"batch_size": 100})
+    params["dvc"] = {"reference_tasks": ["churned", "spend"], "experiment_method": "ls"}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    _run(["git", "add", "churn.csv.dvc", ".gitignore", "churn.yaml", "params.yaml"], repo)
+    _run(["git", "commit", "-qm", "churn.csv, version 1"], repo)
+
+    every_stage = {"source", "prepare", "train@ls-0", "reference@churned-0", "reference@spend-0", "evaluate",
+                   "aggregate", "experiment"}
+    assert stages_run(_dvc(repo, "repro")) == every_stage
+    summary = json.loads((repo / "metrics" / "summary.json").read_text())
+    assert set(summary) == {"ls"} and math.isfinite(summary["ls"]["delta_m"])
+    experiment = json.loads((repo / "metrics" / "experiment.json").read_text())
+    assert {"test.churned.roc_auc", "test.spend.mae"} <= set(experiment)
+    source = json.loads((repo / "data" / "source.json").read_text())
+    assert stages_run(_dvc(repo, "repro")) == {"source"}
+
+    churn_csv(repo / "churn.csv", rows=600, skip=600)  # the table's next version
+    _dvc(repo, "add", "-q", "churn.csv")
+    assert json.loads((repo / "data" / "source.json").read_text()) == source
+    assert stages_run(_dvc(repo, "repro")) == every_stage
+    assert json.loads((repo / "data" / "source.json").read_text()) != source
 
 
 def evaluated_accuracy(repo: Path, task: str) -> float:

@@ -6,14 +6,13 @@ command line."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO_ROOT, realdata, run_cli, stderr_lines
+from conftest import churn_csv, first_page_commands, realdata, run_cli, stderr_lines
 
 from mtlflow import jobs
 from mtlflow.benchmarks._tabular import read_arff
@@ -21,21 +20,11 @@ from mtlflow.benchmarks._tabular import read_arff
 TINY = {"batch_size": 64, "max_steps_per_epoch": 3, "progress": False}
 
 
-def first_page_commands() -> list[str]:
-    text = (REPO_ROOT / "docs" / "index.md").read_text()
-    block = re.search(r"## Your data, two commands.*?```bash\n(.*?)```", text, flags=re.S).group(1)
-    return [line for line in block.splitlines() if line.strip()]
-
-
 @pytest.mark.slow
 def test_the_first_page_commands_give_a_report_comparing_methods_on_a_csv(tmp_path: Path) -> None:
     """The two commands as the docs' first page prints them, on churn.csv made of real scm20d rows: a
     binary task (price above its median) and a regression task, the other columns as features."""
-    table, names = read_arff(realdata("mtr", "scm20d.arff"))
-    frame = pd.DataFrame(table, columns=names).head(3000)
-    frame["churned"] = np.where(frame["LBL"] > frame["LBL"].median(), "yes", "no")
-    frame = frame.drop(columns=["LBL"]).rename(columns={"MTLp2A": "spend"})
-    frame.to_csv(tmp_path / "churn.csv", index=False)
+    churn_csv(tmp_path / "churn.csv")
     commands = first_page_commands()
     assert len(commands) == 2 and commands[0].startswith("mtlflow spec init churn.csv")
     for command in commands:
