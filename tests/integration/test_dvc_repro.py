@@ -159,8 +159,8 @@ def test_experiments_compare_and_reproduce_on_a_fresh_clone(tmp_path):
 def test_the_first_page_spec_runs_unchanged_in_dvc_repro_and_a_new_table_version_reruns_it(tmp_path):
     """The spec the docs' first command writes for churn.csv (real scm20d rows; the second command runs the same
     spec in the local pipeline, test_spec_realdata.py) as params.yaml's ``spec`` on a fresh clone, with the table
-    DVC-tracked: `dvc repro` runs every stage on it, again runs only the source stage, and a new version of the
-    table re-runs the pipeline from prepare."""
+    DVC-tracked: `dvc repro` runs every stage on it, again runs only the source stage (also in a clone in
+    another folder that pulled the results), and a new version of the table re-runs the pipeline from prepare."""
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: nothing to clone")
     repo = tmp_path / "clone"
@@ -188,6 +188,16 @@ def test_the_first_page_spec_runs_unchanged_in_dvc_repro_and_a_new_table_version
     assert {"test.churned.roc_auc", "test.spend.mae"} <= set(experiment)
     source = json.loads((repo / "data" / "source.json").read_text())
     assert stages_run(_dvc(repo, "repro")) == {"source"}
+    # committed and pushed, then pulled into a clone in another folder (a CI runner): nothing to re-run there
+    _dvc(repo, "remote", "add", "-f", "-d", "local", str(tmp_path / "remote"))
+    _run(["git", "add", "dvc.lock", "metrics", "plots", ".dvc/config"], repo)
+    _run(["git", "commit", "-qm", "results on churn.csv, version 1"], repo)
+    _dvc(repo, "push", "-q")
+    runner = tmp_path / "elsewhere" / "runner"
+    _run(["git", "clone", "-q", str(repo), str(runner)], tmp_path)
+    _dvc(runner, "pull", "-q")
+    assert stages_run(_dvc(runner, "repro")) == {"source"}
+    assert json.loads((runner / "data" / "source.json").read_text()) == source
 
     churn_csv(repo / "churn.csv", rows=600, skip=600)  # the table's next version
     _dvc(repo, "add", "-q", "churn.csv")

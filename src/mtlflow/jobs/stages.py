@@ -90,7 +90,26 @@ def flat_metrics(final: dict[str, dict[str, float]]) -> dict[str, float]:
 
 
 def stage_source(params: DvcParams) -> None:
-    atomic.write_json(SOURCE, params.sweep.build_benchmark().data_identity())
+    atomic.write_json(SOURCE, inside_project_relative(params.sweep.build_benchmark().data_identity(), Path.cwd()))
+
+
+def inside_project_relative(value: Any, project: Path) -> Any:
+    """``value`` (a data identity) with every absolute local path inside ``project`` written relative to it.
+
+    A task spec's table, images and weights are absolute once read (relative to the spec file); DVC runs every
+    stage from the project root, so relative to it the same data has the same identity in every clone, on a CI
+    runner as on the laptop that committed ``dvc.lock``, and only a new version of the data re-runs
+    ``prepare``. Paths outside the project (a data volume) stay absolute."""
+    if isinstance(value, dict):
+        return {key: inside_project_relative(item, project) for key, item in value.items()}
+    if isinstance(value, list):
+        return [inside_project_relative(item, project) for item in value]
+    if isinstance(value, str) and Path(value).is_absolute():
+        try:
+            return Path(value).relative_to(project.resolve()).as_posix()
+        except ValueError:
+            return value
+    return value
 
 
 def stage_prepare(params: DvcParams) -> None:

@@ -79,3 +79,56 @@ def test_params_yaml_is_a_sweep_plus_the_dvc_section(tmp_path, monkeypatch):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     with pytest.raises(InvalidParameterError, match="reference_tasks must list the benchmark's tasks"):
         stages.load_params()
+
+
+def test_the_source_stage_identity_of_a_spec_is_the_same_in_every_clone(tmp_path, monkeypatch):
+    """The same project (a spec and its table beside it) in two folders: DVC's source stage writes the
+    same data/source.json in both, with the paths relative to the project root; a table outside the project
+    (a data volume) keeps its absolute path, and a new version of the table changes the identity."""
+    import json
+
+    from mtlflow.jobs import stages
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params.update(spec="specs/churn.yaml", data_options={}, methods=["ls"], method_hparams={})
+    params["dvc"] = {"reference_tasks": ["churned"], "experiment_method": "ls"}
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    (volume / "shared.csv").write_text("x,churned\n1,0\n2,1\n3,0\n4,1\n")
+    written = {}
+    for clone in ("alice", "ci-runner"):
+        project = tmp_path / clone
+        (project / "specs").mkdir(parents=True)
+        (project / "specs" / "churn.csv").write_text("x,churned\n1,0\n2,1\n3,0\n4,1\n")
+        (project / "specs" / "churn.yaml").write_text(
+            "name: churn\nsource: {table: churn.csv}\ntasks: [{name: churned, type: binary}]\n")
+        (project / "params.yaml").write_text(yaml.safe_dump(params))
+        monkeypatch.chdir(project)
+        stages.stage_source(stages.load_params())
+        written[clone] = json.loads(stages.SOURCE.read_text())
+    assert written["alice"] == written["ci-runner"]
+    assert written["alice"]["spec"]["source"]["table"] == "specs/churn.csv"
+
+    (project / "specs" / "churn.yaml").write_text(
+        f"name: churn\nsource: {{table: {volume / 'shared.csv'}}}\ntasks: [{{name: churned, type: binary}}]\n")
+    stages.stage_source(stages.load_params())
+    assert json.loads(stages.SOURCE.read_text())["spec"]["source"]["table"] == str(volume / "shared.csv")
+    (volume / "shared.csv").write_text("x,churned\n1,1\n2,1\n3,0\n4,1\n")
+    before = json.loads(stages.SOURCE.read_text())
+    stages.stage_source(stages.load_params())
+    assert json.loads(stages.SOURCE.read_text())["table_sha256"] != before["table_sha256"]
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("/project/data/t.csv", "data/t.csv"),
+    ("/project", "."),
+    ("/elsewhere/t.csv", "/elsewhere/t.csv"),
+    ("/projectx/t.csv", "/projectx/t.csv"),  # a sibling whose name starts like the project's
+    ("s3://bucket/t.csv", "s3://bucket/t.csv"),
+    ("t.csv", "t.csv"),
+    ({"a": ["/project/x", 3, None]}, {"a": ["x", 3, None]}),
+])
+def test_inside_project_paths_become_relative_and_nothing_else_changes(value, expected):
+    from mtlflow.jobs.stages import inside_project_relative
+
+    assert inside_project_relative(value, Path("/project")) == expected
