@@ -1,7 +1,7 @@
 """Mutation testing of the numerical core: run mutmut, then write the per-folder report.
 
     python tools/mutation.py run [--max-children N] [--stop-after SECONDS] [--retry-undetected]
-                                 [--only FOLDER,...]
+                                 [--retry-timeouts] [--only FOLDER,...]
     python tools/mutation.py report
     python tools/mutation.py save
 
@@ -10,8 +10,10 @@ Run from the repository root (mutmut reads ``[tool.mutmut]`` in pyproject.toml a
 ``mutants/``). ``run`` resumes: mutants that already have a result keep it, so a run stopped by
 ``--stop-after`` (or Ctrl-C) continues where it stopped, and a run after a source change retests only
 the mutants of the functions that changed; ``--retry-undetected`` also retests every mutant that
-survived or had no test, so that tests added since count; ``--only`` limits the run to some folders
-(their mutants without a result, by name). ``report`` writes
+survived or had no test, so that tests added since count; ``--retry-timeouts`` retests every mutant that
+timed out (mutmut's limit is partly wall-clock time: a run paused with SIGSTOP, or sharing the machine
+with other work, times out mutants that would have been killed or survived; do not pause a run);
+``--only`` limits the run to some folders (their mutants without a result, by name). ``report`` writes
 ``mutants/mutation-report.md`` (killed / survived / ... and % killed for each folder) and
 ``mutants/mutation-survivors.txt`` (the diff of every mutant no test killed), prints the table and
 exits 1 when a folder is below the target or mutants are still unchecked.
@@ -138,8 +140,9 @@ def report(mutants_dir: Path) -> int:
     return 1 if problems else 0
 
 
-def forget_undetected(mutants_dir: Path, folders: list[str]) -> int:
-    """Clear the results of the undetected mutants of ``folders`` so that ``mutmut run`` tests them again."""
+def forget(mutants_dir: Path, folders: list[str], statuses: set[str]) -> int:
+    """Clear the results of the mutants of ``folders`` whose status is in ``statuses`` so that ``mutmut run``
+    tests them again; returns how many."""
     from mutmut.stats import status_by_exit_code
 
     forgotten = 0
@@ -149,7 +152,7 @@ def forget_undetected(mutants_dir: Path, folders: list[str]) -> int:
         meta = json.loads(meta_path.read_text())
         codes = meta["exit_code_by_key"]
         for mutant, code in codes.items():
-            if code is not None and status_by_exit_code[code] in UNDETECTED:
+            if code is not None and status_by_exit_code[code] in statuses:
                 codes[mutant] = None
                 forgotten += 1
         meta_path.write_text(json.dumps(meta, indent=4))
@@ -223,10 +226,13 @@ def restore_results(mutants_dir: Path, saved: Path) -> int:
     return restored
 
 
-def run(max_children: int, stop_after: float | None, retry_undetected: bool, only: list[str]) -> int:
+def run(max_children: int, stop_after: float | None, retry_undetected: bool, only: list[str],
+        retry_timeouts: bool = False) -> int:
     print(f"restored {restore_results(Path('mutants'), SAVED_RESULTS)} saved verdicts")
     if retry_undetected:
-        print(f"retesting {forget_undetected(Path('mutants'), only or list(FOLDERS))} undetected mutants")
+        print(f"retesting {forget(Path('mutants'), only or list(FOLDERS), UNDETECTED)} undetected mutants")
+    if retry_timeouts:
+        print(f"retesting {forget(Path('mutants'), only or list(FOLDERS), {'timeout'})} timed-out mutants")
     names: list[str] = []
     if only:
         names = pending_in(only, Path("mutants"))
@@ -263,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
                             help="stop mutmut after this long, keeping the results so far")
     run_parser.add_argument("--retry-undetected", action="store_true",
                             help="retest the mutants that survived or had no test in earlier runs")
+    run_parser.add_argument("--retry-timeouts", action="store_true",
+                            help="retest the mutants that timed out in earlier runs (a paused run or a loaded "
+                                 "machine times mutants out: mutmut's limit is wall-clock time)")
     run_parser.add_argument("--only", type=lambda v: v.split(","), default=[], metavar="FOLDER,...",
                             help=f"test only these of {', '.join(FOLDERS)}")
     sub.add_parser("report", help="write the report of the results so far")
@@ -276,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             print(f"error: unknown folder {', '.join(unknown)}; choose from {', '.join(FOLDERS)}", file=sys.stderr)
             return 2
-        return run(args.max_children, args.stop_after, args.retry_undetected, args.only)
+        return run(args.max_children, args.stop_after, args.retry_undetected, args.only, args.retry_timeouts)
     if args.command == "save":
         print(f"saved {save_results(Path('mutants'), SAVED_RESULTS)} verdicts in {SAVED_RESULTS}")
         return 0

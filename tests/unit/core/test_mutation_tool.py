@@ -55,3 +55,22 @@ def test_saved_verdicts_come_back_only_where_none_is_newer_and_the_code_is_the_s
     fresh = tmp_path / "fresh"  # a fresh clone: no mutants/ yet
     assert tool.restore_results(fresh, saved) == 3
     assert json.loads((fresh / (simplex + ".meta")).read_text())["hash_by_function_name"] == {"x_grid_size": "bbb"}
+
+
+def test_retrying_forgets_only_the_asked_statuses_in_the_asked_folders(tmp_path: Path) -> None:
+    tool = load_tool()
+    front, scoring = "src/mtlflow/pareto/front.py", "src/mtlflow/metrics/scoring.py"
+    # exit codes as mutmut reads them: 1 killed, 0 survived, 33 no tests, 36 and -24 timeouts (-24: SIGXCPU)
+    codes = {"m_killed": 1, "m_survived": 0, "m_no_tests": 33, "m_timeout": 36, "m_sigxcpu": -24, "m_unchecked": None}
+    write_meta(tmp_path, front, {"x_f": "a"}, dict(codes))
+    write_meta(tmp_path, scoring, {"x_g": "b"}, dict(codes))
+
+    def left(source: str) -> dict:
+        return json.loads((tmp_path / (source + ".meta")).read_text())["exit_code_by_key"]
+
+    assert tool.forget(tmp_path, ["pareto"], {"timeout"}) == 2
+    assert left(front) == {**codes, "m_timeout": None, "m_sigxcpu": None}
+    assert left(scoring) == codes  # another folder: untouched
+    assert tool.forget(tmp_path, ["pareto", "scoring"], tool.UNDETECTED) == 4
+    assert left(front) == {**codes, "m_timeout": None, "m_sigxcpu": None, "m_survived": None, "m_no_tests": None}
+    assert left(scoring) == {**codes, "m_survived": None, "m_no_tests": None}
