@@ -135,6 +135,31 @@ def test_representation_gradients_are_per_task_feature_gradients() -> None:
     assert all(p.grad is None for p in problem.shared)  # the trunk is not differentiated yet
 
 
+def test_representation_gradients_through_a_shared_head_node_an_unused_task_and_no_features() -> None:
+    """Hand-checked rows: both losses go through one node after z (tanh: a second pass through it needs the
+    graph kept), a third loss does not depend on z (its row is 0, its head still gets its gradient), and the
+    trunk can be differentiated afterwards; a pass without features is refused in words."""
+    w = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64, requires_grad=True)  # the trunk
+    x = torch.tensor([1.0, 0.25, -0.5], dtype=torch.float64)
+    z = w * x
+    shared = torch.tanh(z)  # after z, used by tasks 0 and 1
+    a = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+    b = torch.tensor(-3.0, dtype=torch.float64, requires_grad=True)
+    c = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    losses = [a * shared.sum(), b * (shared ** 2).sum(), c ** 2]
+    rows = representation_jacobian(ForwardPass(losses, z), [[a], [b], [c]])
+    sech2 = 1 - torch.tanh(z.detach()) ** 2
+    expected = torch.stack([2.0 * sech2, -3.0 * 2 * torch.tanh(z.detach()) * sech2, torch.zeros(3, dtype=torch.float64)])
+    torch.testing.assert_close(rows, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(a.grad, torch.tanh(z.detach()).sum())
+    torch.testing.assert_close(b.grad, (torch.tanh(z.detach()) ** 2).sum())
+    torch.testing.assert_close(c.grad, torch.tensor(1.4, dtype=torch.float64))
+    z.backward(rows.sum(0))  # the trunk's backward pass still has its graph
+    torch.testing.assert_close(w.grad, rows.sum(0) * x)
+    with pytest.raises(ValueError, match=r"^representation gradients need the shared features of the forward pass$"):
+        representation_jacobian(ForwardPass(losses, None), [[a], [b], [c]])
+
+
 def test_mgdaub_weights_are_the_min_norm_point_of_the_representation_gradients() -> None:
     # MGDA-UB (Sener & Koltun 2018, Sec. 3.3): α* = argmin_{α∈Δ} ||Σ α_i ∇_Z L_i||²; at the min-norm
     # point d every gradient has <g_i, d> >= ||d||² (optimality on the simplex), so -d decreases all tasks
