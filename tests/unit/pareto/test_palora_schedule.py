@@ -43,12 +43,26 @@ def test_triangular_grid_is_even_and_complete(n_tasks, subdivisions):
 
 def test_ray_counts_must_form_an_even_grid():
     assert subdivisions_for(3, 10) == 3 and subdivisions_for(2, 5) == 4
-    with pytest.raises(InvalidParameterError, match="use one of 3, 6, 10, 15"):
+    with pytest.raises(InvalidParameterError) as caught:
         subdivisions_for(3, 7)
-    with pytest.raises(InvalidParameterError, match="at least 2 rays"):
+    # the first six grid sizes of three tasks, C(n + 2, 2) for n = 1..6
+    assert str(caught.value) == ("7 rays do not form an even grid on the simplex of 3 tasks; "
+                                 "use one of 3, 6, 10, 15, 21, 28, ...")
+    with pytest.raises(InvalidParameterError) as caught:
         PreferenceSchedule("annealed", 2, 1)
+    assert str(caught.value) == ("an even grid of 2 tasks needs at least 2 rays, got 1; "
+                                 "use a Dirichlet schedule for a single ray")
     assert default_rays(2) == 5 and default_rays(3) == 10 and default_rays(5) == grid_size(5, 2)
     assert grid_size(3, default_eval_subdivisions(3)) <= 30
+
+
+@pytest.mark.parametrize("n_tasks", range(3, 13))
+def test_the_default_evaluation_grid_is_the_finest_with_at_most_30_points_or_the_vertices(n_tasks):
+    # brute force over the subdivisions: the largest n whose grid has at most 30 points; 1 (the K vertices)
+    # when even n = 2 has more (K >= 8: K(K + 1)/2 > 30)
+    fitting = [n for n in range(1, 40) if grid_size(n_tasks, n) <= 30]
+    assert default_eval_subdivisions(n_tasks) == (max(fitting) if fitting else 1)
+    assert default_eval_subdivisions(8) == 1 and grid_size(8, 2) == 36
 
 
 @settings(max_examples=40, deadline=None)

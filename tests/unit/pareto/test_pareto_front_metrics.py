@@ -153,3 +153,21 @@ def test_the_front_tables_mark_dominated_grid_points_and_undefined_correlations(
     (_, _, overview), (_, _, grid) = front_tables(summary)
     assert overview[0][5:7] == ["1/3", "–, +0.50"] and overview[0][-1] == "ls, mgda"
     assert [row[-1] for row in grid] == ["", "", "yes"]
+
+
+def test_the_selected_front_is_the_mean_of_the_window_and_none_when_an_epoch_of_it_has_no_front():
+    from mtlflow.pareto.front import select_front
+
+    prefs = torch.tensor([[0.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+    first = front_record(prefs, {"val": _points([(0.2, 0.8), (0.6, 0.4)])}, TASKS, PRIMARY, SPECS, REFERENCE)
+    second = front_record(prefs, {"val": _points([(0.4, 0.6), (0.8, 0.2)])}, TASKS, PRIMARY, SPECS, REFERENCE)
+    history = [{"epoch": 1, "preference_front": first}, {"epoch": 2, "preference_front": second}]
+    mean = select_front(history, "last-k:2", TASKS, PRIMARY, SPECS)
+    assert mean["selection"] == {"rule": "last-k:2", "epochs": [1, 2]}
+    assert [p["a"]["loss"] for p in mean["splits"]["val"]["metrics"]] == pytest.approx([0.3, 0.7])
+    assert select_front(history, "last", TASKS, PRIMARY, SPECS)["splits"]["val"]["metrics"] == \
+        second["splits"]["val"]["metrics"]
+    # an epoch of the window without a front (or no epoch at all): no front to select
+    assert select_front([history[0], {"epoch": 2}], "last-k:2", TASKS, PRIMARY, SPECS) is None
+    assert select_front([{"epoch": 1}, history[1]], "last-k:2", TASKS, PRIMARY, SPECS) is None
+    assert select_front([], "last", TASKS, PRIMARY, SPECS) is None
