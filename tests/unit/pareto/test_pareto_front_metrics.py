@@ -156,14 +156,16 @@ def test_the_front_tables_mark_dominated_grid_points_and_undefined_correlations(
 
 
 def test_the_selected_front_is_the_mean_of_the_window_and_none_when_an_epoch_of_it_has_no_front():
+    from mtlflow.core.errors import InvalidParameterError
     from mtlflow.pareto.front import select_front
 
-    prefs = torch.tensor([[0.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+    prefs = torch.tensor([[0.1, 0.9], [0.9, 0.1]], dtype=torch.float64)  # not exact in float32
     first = front_record(prefs, {"val": _points([(0.2, 0.8), (0.6, 0.4)])}, TASKS, PRIMARY, SPECS, REFERENCE)
     second = front_record(prefs, {"val": _points([(0.4, 0.6), (0.8, 0.2)])}, TASKS, PRIMARY, SPECS, REFERENCE)
     history = [{"epoch": 1, "preference_front": first}, {"epoch": 2, "preference_front": second}]
     mean = select_front(history, "last-k:2", TASKS, PRIMARY, SPECS)
     assert mean["selection"] == {"rule": "last-k:2", "epochs": [1, 2]}
+    assert mean["preferences"] == [[0.1, 0.9], [0.9, 0.1]]
     assert [p["a"]["loss"] for p in mean["splits"]["val"]["metrics"]] == pytest.approx([0.3, 0.7])
     assert select_front(history, "last", TASKS, PRIMARY, SPECS)["splits"]["val"]["metrics"] == \
         second["splits"]["val"]["metrics"]
@@ -171,3 +173,7 @@ def test_the_selected_front_is_the_mean_of_the_window_and_none_when_an_epoch_of_
     assert select_front([history[0], {"epoch": 2}], "last-k:2", TASKS, PRIMARY, SPECS) is None
     assert select_front([{"epoch": 1}, history[1]], "last-k:2", TASKS, PRIMARY, SPECS) is None
     assert select_front([], "last", TASKS, PRIMARY, SPECS) is None
+    moved = front_record(prefs.flip(0), {"val": _points([(0.4, 0.6), (0.8, 0.2)])}, TASKS, PRIMARY, SPECS, REFERENCE)
+    with pytest.raises(InvalidParameterError) as caught:
+        select_front([history[0], {"epoch": 2, "preference_front": moved}], "last-k:2", TASKS, PRIMARY, SPECS)
+    assert str(caught.value).startswith("the selected epochs' fronts were evaluated on different preference grids")
