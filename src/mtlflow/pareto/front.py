@@ -192,8 +192,19 @@ def attach_fronts(rows: dict[str, dict[str, Any]], groups: Mapping[str, Sequence
 
 
 def front_plot(front: Mapping[str, Any], tasks: Sequence[str], primary: Mapping[str, str], title: str) -> bytes:
-    """PNG of a front record (every split it holds): the grid points' errors, labelled by λ₁ for two
-    tasks; parallel coordinates over the tasks for more."""
+    """PNG of :func:`front_figure`."""
+    import matplotlib.pyplot as plt
+
+    fig = front_figure(front, tasks, primary, title)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def front_figure(front: Mapping[str, Any], tasks: Sequence[str], primary: Mapping[str, str], title: str):
+    """The figure of a front record (every split it holds): the grid points' errors, labelled by λ₁ for two
+    tasks; parallel coordinates over the tasks for more. The caller closes it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -221,10 +232,7 @@ def front_plot(front: Mapping[str, Any], tasks: Sequence[str], primary: Mapping[
         ax.set_ylabel("error of the primary metric")
     ax.set_title(title + (" (labels: λ₁)" if len(tasks) == 2 else ""), fontsize=9)
     ax.legend(fontsize=7)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
+    return fig
 
 
 def front_tables(summary: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:

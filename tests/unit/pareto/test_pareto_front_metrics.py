@@ -177,3 +177,43 @@ def test_the_selected_front_is_the_mean_of_the_window_and_none_when_an_epoch_of_
     with pytest.raises(InvalidParameterError) as caught:
         select_front([history[0], {"epoch": 2, "preference_front": moved}], "last-k:2", TASKS, PRIMARY, SPECS)
     assert str(caught.value).startswith("the selected epochs' fronts were evaluated on different preference grids")
+
+
+def test_the_front_figure_draws_every_split_s_errors_labelled_by_lambda_one():
+    import matplotlib.pyplot as plt
+
+    from mtlflow.pareto.front import front_figure, front_plot
+
+    prefs = torch.tensor([[0.1, 0.9], [0.6, 0.4], [0.9, 0.1]], dtype=torch.float64)
+    front = front_record(prefs, {"val": _points([(0.2, 0.8), (0.5, 0.5), (0.8, 0.3)]),
+                                 "test": _points([(0.3, 0.7), (0.6, 0.4), (0.9, 0.2)])},
+                         TASKS, PRIMARY, SPECS, REFERENCE)
+    fig = front_figure(front, TASKS, PRIMARY, "palora on toy")
+    ax = fig.axes[0]
+    lines = ax.get_lines()
+    assert [list(line.get_xdata()) for line in lines] == [[0.2, 0.5, 0.8], [0.3, 0.6, 0.9]]  # task a's errors
+    assert [list(line.get_ydata()) for line in lines] == [[0.8, 0.5, 0.3], [0.7, 0.4, 0.2]]  # task b's errors
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == [f"{split} (HV {front['splits'][split]['hypervolume']:.4f}, "
+                      f"{front['splits'][split]['non_dominated']}/3 non-dominated)" for split in ("val", "test")]
+    assert [t.get_text() for t in ax.texts] == ["0.1", "0.6", "0.9"] * 2  # λ₁ at every point
+    assert [t.xy for t in ax.texts][:3] == [(0.2, 0.8), (0.5, 0.5), (0.8, 0.3)]
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("a error (loss)", "b error (loss)")
+    assert ax.get_title() == "palora on toy (labels: λ₁)"
+    plt.close(fig)
+
+    three = ["a", "b", "c"]
+    specs3 = {t: {"loss": {"higher_is_better": False, "unit_interval": False}} for t in three}
+    grid = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    points = [{"a": {"loss": 0.1 * i}, "b": {"loss": 0.2}, "c": {"loss": 0.3 + 0.1 * i}} for i in range(3)]
+    record = front_record(grid, {"val": points}, three, {t: "loss" for t in three}, specs3, [1.0, 1.0, 1.0])
+    fig = front_figure(record, three, {t: "loss" for t in three}, "three")
+    ax = fig.axes[0]
+    assert [list(line.get_xdata()) for line in ax.get_lines()] == [[0, 1, 2]] * 3  # parallel coordinates
+    assert [y for line in ax.get_lines() for y in line.get_ydata()] == pytest.approx(
+        [0.0, 0.2, 0.3, 0.1, 0.2, 0.4, 0.2, 0.2, 0.5])
+    assert len(ax.get_legend().get_texts()) == 1  # one legend entry per split
+    assert [t.get_text() for t in ax.get_xticklabels()] == three and ax.get_ylabel() == "error of the primary metric"
+    assert ax.get_title() == "three" and not ax.texts
+    plt.close(fig)
+    assert front_plot(front, TASKS, PRIMARY, "png").startswith(b"\x89PNG")
