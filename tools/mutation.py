@@ -1,7 +1,7 @@
 """Mutation testing of the numerical core: run mutmut, then write the per-folder report.
 
     python tools/mutation.py run [--max-children N] [--stop-after SECONDS] [--retry-undetected]
-                                 [--retry-timeouts] [--only FOLDER,...]
+                                 [--retry-timeouts] [--only FOLDER,...] [--sample N]
     python tools/mutation.py report
     python tools/mutation.py save
 
@@ -13,7 +13,9 @@ the mutants of the functions that changed; ``--retry-undetected`` also retests e
 survived or had no test, so that tests added since count; ``--retry-timeouts`` retests every mutant that
 timed out (mutmut's limit is partly wall-clock time: a run paused with SIGSTOP, or sharing the machine
 with other work, times out mutants that would have been killed or survived; do not pause a run);
-``--only`` limits the run to some folders (their mutants without a result, by name). ``report`` writes
+``--only`` limits the run to some folders (their mutants without a result, by name); ``--sample N`` tests
+N mutants drawn uniformly (seeded) from each folder's mutants without a result, so that a folder too large
+for one sitting gets an unbiased estimate of its % killed with a 95 % interval before the rest is run. ``report`` writes
 ``mutants/mutation-report.md`` (killed / survived / ... and % killed for each folder) and
 ``mutants/mutation-survivors.txt`` (the diff of every mutant no test killed), prints the table and
 exits 1 when a folder is below the target or mutants are still unchecked.
@@ -28,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -80,8 +84,9 @@ def summarise(results: dict[str, dict[str, tuple[Path, int | None]]]) -> tuple[s
     """The Markdown table and the list of problems (folders below target, unchecked mutants)."""
     from mutmut.stats import status_by_exit_code
 
-    lines = ["| folder | mutants | " + " | ".join(COLUMNS) + " | % killed | % killed, timeouts not counted |",
-             "| --- " * (len(COLUMNS) + 4) + "|"]
+    lines = ["| folder | mutants | " + " | ".join(COLUMNS)
+             + " | % killed | % killed, timeouts not counted | 95 % interval of the folder's % killed |",
+             "| --- " * (len(COLUMNS) + 5) + "|"]
     problems = []
     for folder, mutants in results.items():
         counts = Counter(status_by_exit_code[code] for _, code in mutants.values())
@@ -90,8 +95,10 @@ def summarise(results: dict[str, dict[str, tuple[Path, int | None]]]) -> tuple[s
         percent = 100.0 * detected / judged if judged else float("nan")
         # a mutant can time out because it slows a test down, not only because it loops: shown apart
         strict = 100.0 * (detected - counts["timeout"]) / judged if judged else float("nan")
+        # exact when every mutant is judged; otherwise valid only if the judged ones are a uniform sample (--sample)
+        low, high = wilson_interval(detected, judged) if counts["not checked"] else (percent, percent)
         lines.append(f"| {folder} | {len(mutants)} | " + " | ".join(str(counts[c]) for c in COLUMNS)
-                     + f" | {percent:.1f} | {strict:.1f} |")
+                     + f" | {percent:.1f} | {strict:.1f} | {low:.1f}–{high:.1f} |")
         if not mutants:
             problems.append(f"{folder}: no mutants found (was `mutmut run` started from the repository root?)")
         elif counts["not checked"]:
@@ -157,6 +164,41 @@ def forget(mutants_dir: Path, folders: list[str], statuses: set[str]) -> int:
                 forgotten += 1
         meta_path.write_text(json.dumps(meta, indent=4))
     return forgotten
+
+
+def generate_mutants(max_children: int) -> None:
+    """Write ``mutants/`` (the mutated sources and each file's ``.meta`` listing its mutants) without testing
+    any: mutmut's first phase, so that the mutants of a folder can be named and sampled before the run."""
+    from mutmut.__main__ import create_mutants
+    from mutmut.mutation.trampoline import set_mutant_under_test
+    from mutmut.utils.file_utils import copy_also_copy_files, copy_src_dir, setup_source_paths
+
+    set_mutant_under_test("mutant_generation")
+    Path("mutants").mkdir(exist_ok=True)
+    copy_src_dir()
+    copy_also_copy_files()
+    setup_source_paths()
+    create_mutants(max_children)
+    set_mutant_under_test(None)
+
+
+def sample_pending(names: list[str], size: int, seed: int = 0) -> list[str]:
+    """``size`` of ``names`` drawn uniformly without replacement (all when fewer), the same draw for the same
+    names and seed: a uniform sample makes the killed fraction among the judged mutants an unbiased estimate
+    of the folder's, which is what the report's interval assumes."""
+    ordered = sorted(names)
+    return sorted(random.Random(seed).sample(ordered, size)) if size < len(ordered) else ordered
+
+
+def wilson_interval(detected: int, judged: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval, in percent, of the detected fraction when ``judged`` mutants are a uniform
+    sample of the folder's."""
+    if judged == 0:
+        return 0.0, 100.0
+    p = detected / judged
+    centre = (p + z * z / (2 * judged)) / (1 + z * z / judged)
+    half = z * math.sqrt(p * (1 - p) / judged + z * z / (4 * judged * judged)) / (1 + z * z / judged)
+    return 100.0 * max(0.0, centre - half), 100.0 * min(1.0, centre + half)
 
 
 def pending_in(folders: list[str], mutants_dir: Path) -> list[str]:
@@ -227,17 +269,24 @@ def restore_results(mutants_dir: Path, saved: Path) -> int:
 
 
 def run(max_children: int, stop_after: float | None, retry_undetected: bool, only: list[str],
-        retry_timeouts: bool = False) -> int:
+        retry_timeouts: bool = False, sample: int = 0) -> int:
     print(f"restored {restore_results(Path('mutants'), SAVED_RESULTS)} saved verdicts")
     if retry_undetected:
         print(f"retesting {forget(Path('mutants'), only or list(FOLDERS), UNDETECTED)} undetected mutants")
     if retry_timeouts:
         print(f"retesting {forget(Path('mutants'), only or list(FOLDERS), {'timeout'})} timed-out mutants")
     names: list[str] = []
-    if only:
+    if sample:
+        generate_mutants(max_children)
+        results = load_results(Path("mutants"))
+        names = [name for folder in only or list(FOLDERS)
+                 for name in sample_pending([n for n, (_, code) in results[folder].items() if code is None], sample)]
+        print(f"testing a uniform sample of {len(names)} mutants without a verdict")
+    elif only:
         names = pending_in(only, Path("mutants"))
+    if sample or only:
         if not names:
-            print(f"nothing left to test in {', '.join(only)}")
+            print(f"nothing left to test in {', '.join(only or FOLDERS)}")
             return report(Path("mutants"))
     drop_stale_copies(Path("mutants"))
     # One thread per worker: the workers already fill the cores, and torch's pools must not oversubscribe.
@@ -274,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
                                  "machine times mutants out: mutmut's limit is wall-clock time)")
     run_parser.add_argument("--only", type=lambda v: v.split(","), default=[], metavar="FOLDER,...",
                             help=f"test only these of {', '.join(FOLDERS)}")
+    run_parser.add_argument("--sample", type=int, default=0, metavar="N",
+                            help="test N mutants drawn uniformly from each folder's mutants without a verdict "
+                                 "(the report's interval then estimates the folder's %% killed)")
     sub.add_parser("report", help="write the report of the results so far")
     sub.add_parser("save", help=f"save the verdicts of mutants/ into {SAVED_RESULTS} (run does it when it ends)")
     args = parser.parse_args(argv)
@@ -285,7 +337,11 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             print(f"error: unknown folder {', '.join(unknown)}; choose from {', '.join(FOLDERS)}", file=sys.stderr)
             return 2
-        return run(args.max_children, args.stop_after, args.retry_undetected, args.only, args.retry_timeouts)
+        if args.sample < 0:
+            print(f"error: --sample must be a number of mutants (0 or more), got {args.sample}", file=sys.stderr)
+            return 2
+        return run(args.max_children, args.stop_after, args.retry_undetected, args.only, args.retry_timeouts,
+                   args.sample)
     if args.command == "save":
         print(f"saved {save_results(Path('mutants'), SAVED_RESULTS)} verdicts in {SAVED_RESULTS}")
         return 0

@@ -80,7 +80,7 @@ class LowRankPreferenceDelta(nn.Module):
     """The parametrisation W ↦ W + (α/r) Σ_t λ_t A_t B_t of one layer's weight (Eq. 2)."""
 
     def __init__(self, module: nn.Module, n_tasks: int, rank: int, alpha: float, state: PreferenceState,
-                 factorization: str = "matrix"):
+                 factorization: str):
         super().__init__()
         weight = module.weight.detach()
         shape_a, shape_b = factor_shapes(module, rank, factorization)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrize
 
 from mtlflow import benchmarks
 from mtlflow.core.errors import InvalidParameterError
@@ -137,6 +141,94 @@ def test_the_adapter_spec_of_a_saved_model_reads_back_as_written():
     # models saved before the factorisation was recorded had matrix adapters
     legacy = {key: value for key, value in spec.to_dict().items() if key != "factorization"}
     assert AdapterSpec.from_dict(legacy).factorization == "matrix"
+
+
+def test_the_adapter_spec_is_plain_json_with_the_layers_as_a_list():
+    spec = AdapterSpec(2, 1, 5.0, ("trunk.0",), "matrix")
+    assert json.loads(json.dumps(spec.to_dict())) == {"n_tasks": 2, "rank": 1, "alpha": 5.0, "layers": ["trunk.0"],
+                                                      "factorization": "matrix"}
+
+
+def _holder(*layers: nn.Module) -> nn.Module:
+    holder = nn.Module()
+    holder.trunk = nn.Sequential(*layers)
+    return holder
+
+
+def test_adapters_of_a_float64_model_are_float64_and_keep_the_preference_s_digits():
+    torch.manual_seed(2)
+    holder = _holder(nn.Linear(5, 3)).double()
+    adapters = PreferenceAdapters.inject(holder, n_tasks=3, rank=2, alpha=4.0)
+    assert all(p.dtype == torch.float64 for p in adapters.parameters())
+    assert adapters.centre.dtype == torch.float64 and torch.equal(adapters.centre, torch.full((3,), 1 / 3,
+                                                                                           dtype=torch.float64))
+    _randomise(adapters)
+    lam = [0.1, 0.2, 0.7]  # 0.1 and 0.7 are not float32 numbers: a float32 detour shows at 1e-9
+    adapters.set_preference(lam)
+    assert torch.equal(adapters.state.value, torch.tensor(lam, dtype=torch.float64))
+    delta, linear = adapters.deltas["trunk.0"], holder.trunk[0]
+    base = linear.parametrizations.weight.original.detach()
+    expected = base + 2.0 * sum(lam[t] * delta.A[t].detach() @ delta.B[t].detach() for t in range(3))
+    assert torch.allclose(adapters.merged_state_dict(lam)["trunk.0.weight"], expected, rtol=0, atol=1e-15)
+    with adapters.preference(adapters.centre):
+        x = torch.randn(4, 5, dtype=torch.float64)
+        centred = base + 2.0 * sum(delta.A[t].detach() @ delta.B[t].detach() for t in range(3)) / 3
+        assert torch.allclose(linear(x), x @ centred.T + linear.bias, rtol=0, atol=1e-14)
+
+
+def test_adapters_follow_the_model_when_it_is_cast_after_injection():
+    torch.manual_seed(3)
+    holder = _holder(nn.Linear(4, 2))
+    adapters = PreferenceAdapters.inject(holder, n_tasks=2, rank=1, alpha=1.0)
+    _randomise(adapters)
+    holder.double()  # the preference stays float32: each layer reads it in its own dtype
+    delta, linear = adapters.deltas["trunk.0"], holder.trunk[0]
+    x = torch.randn(3, 4, dtype=torch.float64)
+    with adapters.preference([0.25, 0.75]):
+        out = linear(x)
+    w = linear.parametrizations.weight.original.detach() + (0.25 * delta.A[0] @ delta.B[0]
+                                                            + 0.75 * delta.A[1] @ delta.B[1]).detach()
+    assert out.dtype == torch.float64 and torch.allclose(out, x @ w.T + linear.bias, rtol=0, atol=1e-12)
+
+
+def test_the_input_side_factor_is_lora_s_kaiming_uniform_bounded_by_one_over_root_fan_in():
+    torch.manual_seed(4)
+    fan_in = 64
+    holder = _holder(nn.Linear(fan_in, 32))
+    adapters = PreferenceAdapters.inject(holder, n_tasks=3, rank=8, alpha=1.0)
+    down = adapters.deltas["trunk.0"].B.detach()
+    # kaiming_uniform_ with a = √5: gain √(2 / (1 + 5)), bound gain·√(3 / fan_in) = 1/√fan_in. 1,536 uniform
+    # draws reach above 0.97 of the bound with probability 1 - 0.97^1536 ≈ 1; a = √6 gives a bound of 0.926,
+    # the ReLU gain (a = 0) √6 ≈ 2.45 times it.
+    bound = 1 / math.sqrt(fan_in)
+    assert down.abs().max() <= bound and down.abs().max() > 0.97 * bound
+    assert torch.equal(adapters.deltas["trunk.0"].A, torch.zeros(3, 32, 8))
+
+
+def test_adapters_refuse_a_weight_already_parametrised_but_not_a_parametrised_bias():
+    class Halve(nn.Module):
+        def forward(self, value):
+            return value / 2
+
+    stacked = _holder(nn.Linear(3, 2))
+    PreferenceAdapters.inject(stacked, 2, 1, 1.0)
+    with pytest.raises(InvalidParameterError) as error:
+        PreferenceAdapters.inject(stacked, 2, 1, 1.0)
+    assert str(error.value) == ("layer trunk.0 already has a weight parametrisation; PaLoRA adapters cannot be "
+                                "stacked on it")
+    with_bias = _holder(nn.Linear(3, 2))
+    parametrize.register_parametrization(with_bias.trunk[0], "bias", Halve())
+    adapters = PreferenceAdapters.inject(with_bias, 2, 1, 1.0)
+    assert list(adapters.deltas) == ["trunk.0"]
+
+
+@pytest.mark.parametrize("preference, shown", [([0.2, 0.3, 0.5], "[0.2, 0.3, 0.5]"),
+                                               ([0.5, float("nan")], "[0.5, nan]")])
+def test_a_preference_that_is_not_one_finite_number_per_task_is_refused_with_its_values(preference, shown):
+    adapters = PreferenceAdapters.inject(_holder(nn.Linear(3, 2)), 2, 1, 1.0)
+    with pytest.raises(InvalidParameterError) as error:
+        adapters.set_preference(preference)
+    assert str(error.value) == f"a preference must be 2 finite numbers (one per task), got {shown}"
 
 
 def test_overheads_on_the_benchmarks():

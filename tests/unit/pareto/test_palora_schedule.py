@@ -90,6 +90,14 @@ def test_annealed_rays_move_monotonically_from_the_centre_to_the_faces():
     assert float(distances[-1].max()) > 0.5  # the vertices are reached
 
 
+@pytest.mark.parametrize("kind", ["annealed", "annealed-eq3"])
+def test_progress_outside_zero_one_is_clamped_to_the_schedule_s_ends(kind):
+    # a run trained past its stored horizon keeps the final rays; τ = 1.5 would extrapolate past the grid
+    sched = PreferenceSchedule(kind, 3, 10, temperature=2.0)
+    assert torch.equal(sched.rays(1.5), sched.rays(1.0)) and torch.equal(sched.rays(-0.5), sched.rays(0.0))
+    assert not torch.allclose(sched.rays(1.0), sched.rays(0.99))
+
+
 def test_eq3_by_hand():
     grid = torch.tensor([[0.25, 0.75]], dtype=torch.float64)
     tau, q = 0.6, 2.0
