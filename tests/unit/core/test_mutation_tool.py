@@ -78,3 +78,32 @@ def test_retrying_forgets_only_the_asked_statuses_in_the_asked_folders(tmp_path:
     assert tool.forget(tmp_path, ["pareto", "scoring"], tool.UNDETECTED) == 4
     assert left(front) == {**codes, "m_timeout": None, "m_sigxcpu": None, "m_survived": None, "m_no_tests": None}
     assert left(scoring) == {**codes, "m_survived": None, "m_no_tests": None}
+
+
+def test_a_sample_is_a_seeded_uniform_draw_without_replacement() -> None:
+    tool = load_tool()
+    names = [f"m{i}" for i in range(10)]
+    drawn = tool.sample_pending(list(reversed(names)), 3)
+    assert drawn == tool.sample_pending(names, 3)  # the draw depends on the names, not their order
+    assert len(set(drawn)) == 3 and set(drawn) <= set(names)
+    assert tool.sample_pending(names, 10) == names and tool.sample_pending(names[:2], 5) == names[:2]
+    # uniform: over 3,000 seeds each name is drawn 900 times in expectation (sd ≈ 25)
+    counts = {name: 0 for name in names}
+    for seed in range(3000):
+        for name in tool.sample_pending(names, 3, seed):
+            counts[name] += 1
+    assert all(abs(count - 900) < 125 for count in counts.values()), counts
+
+
+def test_the_interval_is_wilson_s_score_interval() -> None:
+    tool = load_tool()
+    # 8 of 10 detected: the textbook 95 % Wilson interval is 0.4902 to 0.9433
+    low, high = tool.wilson_interval(8, 10)
+    assert abs(low - 49.02) < 0.01 and abs(high - 94.33) < 0.01
+    # its ends solve |p̂ - p| = z √(p (1 - p) / n) for p, checked against the quadratic's roots directly
+    z, detected, judged = 1.96, 141, 150
+    p_hat = detected / judged
+    a, b, c = 1 + z * z / judged, -(2 * p_hat + z * z / judged), p_hat * p_hat
+    roots = sorted(((-b - s * (b * b - 4 * a * c) ** 0.5) / (2 * a)) for s in (1, -1))
+    assert all(abs(x - 100 * r) < 1e-9 for x, r in zip(tool.wilson_interval(detected, judged), roots))
+    assert tool.wilson_interval(0, 0) == (0.0, 100.0) and tool.wilson_interval(5, 5)[1] == 100.0
