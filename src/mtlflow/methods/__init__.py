@@ -28,7 +28,8 @@ def _builtins() -> dict[str, type[Method]]:
     """Every method module in this package (one file per method, no central list)."""
     import mtlflow.methods as package
 
-    return discover(package, Method, skip=("base", "solvers"))
+    # base.py and solvers.py need no skip: discover keeps only the concrete, named Method classes a module defines
+    return discover(package, Method)
 
 
 REGISTRY: Registry[type[Method]] = Registry("method", "mtlflow.methods", _builtins,

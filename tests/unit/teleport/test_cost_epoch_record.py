@@ -1,0 +1,81 @@
+"""COST's epoch record and checkpoint state, on hand-built inputs: the telemetry means are averages over
+the teleports that report the value, the trigger checks' time is the clock's, and the state a checkpoint
+keeps (teleport count, HTR's last update) comes back on resume.
+
+Each test pins a behaviour that the mutation run (docs/development/mutation-testing.md) found unchecked.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from mtlflow.core.callbacks import StepState
+from mtlflow.teleport import callback
+from mtlflow.teleport.callback import CostTeleport, epoch_summary
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _event(seconds: float, conflicting_before: int, norm_before: float, sigma: float, **after: float) -> dict:
+    """A teleport's event; the ``after`` telemetry exists only where the redone step had per-task gradients."""
+    return {"seconds": seconds, "conflicting_before": conflicting_before, "mean_grad_norm_before": norm_before,
+            "sigma": sigma, **after}
+
+
+def test_epoch_summary_averages_telemetry_over_the_teleports_that_report_it() -> None:
+    events = [
+        _event(1.5, 1, 2.0, 0.25, conflicting_after=0, mean_grad_norm_after=1.0, loss_change_max_abs=0.125),
+        _event(0.5, 2, 4.0, 0.5),
+        _event(1.0, 0, 6.0, 0.75, conflicting_after=1, mean_grad_norm_after=3.0, loss_change_max_abs=0.375),
+    ]
+    summary = epoch_summary(events, checked=4, fired=3, dominated=1, options={"o": 1}, resolved={"r": 2})
+    assert summary == {
+        "teleports": 3, "checked_steps": 4, "trigger_steps": 3, "trigger_ratio": 0.75,
+        "dominated_conflict_ratio": 0.25, "seconds": 3.0,
+        "conflicting_before_mean": 1.0,          # (1 + 2 + 0) / 3
+        "conflicting_after_mean": 0.5,           # (0 + 1) / 2: the second teleport has no after telemetry
+        "mean_grad_norm_before_mean": 4.0,       # (2 + 4 + 6) / 3
+        "mean_grad_norm_after_mean": 2.0,        # (1 + 3) / 2
+        "loss_change_max_abs_mean": 0.25,        # (0.125 + 0.375) / 2
+        "sigma_mean": 0.5,                       # (0.25 + 0.5 + 0.75) / 3
+        "options": {"o": 1}, "resolved_options": {"r": 2}, "events": events,
+    }
+
+
+def test_epoch_record_check_seconds_is_the_time_spent_checking_the_trigger(monkeypatch) -> None:
+    # a clock the callback reads at the start and the end of each check: 0.25 s, then 0.5 s
+    ticks = iter([10.0, 10.25, 20.0, 20.5])
+    monkeypatch.setattr(callback, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    cost = CostTeleport()
+    trainer = SimpleNamespace(model=nn.Linear(2, 2))
+    agreeing = torch.tensor([[1.0, 0.0], [1.0, 0.5]], dtype=torch.float64)  # no rule fires: no teleport
+    for step in range(2):
+        state = StepState(epoch=1, step=step, batch=None, losses=torch.ones(2), grads=agreeing)
+        assert cost.after_gradients(trainer, state) is False
+        cost.after_optimizer_step(trainer, state)
+    record: dict = {}
+    cost.on_epoch_end(trainer, record)
+    assert record["cost"]["checked_steps"] == 2 and record["cost"]["teleports"] == 0
+    assert record["cost"]["check_seconds"] == 0.75
+
+
+def test_checkpoint_state_restores_the_teleport_count_and_htrs_last_update() -> None:
+    # the released variant's HTR reference is the last update: the shared gradients the optimizer stepped with
+    options = {"variant": "released"}
+    cost = CostTeleport(options)
+    shared = [nn.Parameter(torch.zeros(2, 2)), nn.Parameter(torch.zeros(3))]
+    shared[0].grad = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    shared[1].grad = torch.tensor([5.0, 6.0, 7.0])
+    trainer = SimpleNamespace(shared=shared, optimizer=None)
+    cost.before_optimizer_step(trainer, StepState(epoch=1, step=0, batch=None, losses=torch.ones(2)))
+    cost.total_teleports = 3
+    resumed = CostTeleport(options)
+    resumed.load_state_dict(cost.state_dict())
+    state = resumed.state_dict()
+    assert state.keys() == {"total_teleports", "last_update"}
+    assert state["total_teleports"] == 3
+    assert torch.equal(state["last_update"], torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]))
