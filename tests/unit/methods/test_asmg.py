@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from mtlflow import benchmarks, jobs
 from mtlflow.benchmarks.asmg_synthetic import PROBLEMS, mixed_ellipsoid_rastrigin, shift_l1_ellipsoid, start_point
 from mtlflow.cli import main
 from mtlflow.config.run import RunConfig
-from mtlflow.core.errors import NonFiniteLossError
+from mtlflow.core.errors import InvalidParameterError, NonFiniteLossError
 from mtlflow.engine.trainer import Trainer
 from mtlflow.methods._blackbox import (
     ASMG,
@@ -26,6 +27,8 @@ from mtlflow.methods._blackbox import (
     minimize,
     smoothing_estimates,
 )
+from mtlflow.methods.asmg import tuned_parameters
+from mtlflow.models.base import MultiTaskModel
 
 D = 4
 
@@ -193,3 +196,13 @@ def test_asmg_synthetic_rejects_bad_input(tmp_path: Path, capsys: pytest.Capture
     assert main(["asmg-synthetic", "--n", "10,x", "--out", str(tmp_path / "b")]) == 2
     assert "--n must be a comma-separated list of integers" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_parameter_subset_without_trainable_parameters_is_refused_in_one_line() -> None:
+    model = MultiTaskModel(nn.Linear(3, 4), [nn.Linear(4, 1), nn.Linear(4, 1)], ["t0", "t1"])
+    model.heads.requires_grad_(False)
+    assert tuned_parameters(model, "all") == list(model.trunk.parameters())
+    with pytest.raises(InvalidParameterError) as error:
+        tuned_parameters(model, "heads")
+    assert str(error.value) == ("asmg: params='heads' selects no trainable parameter of this model; "
+                                "use params=all")

@@ -1,18 +1,34 @@
 """MOML and FORUM (Ye, PhD thesis ch. 3): hypergradients against finite differences, FORUM's QP (Eq. 3.29)
-against its KKT conditions and CVXPY, the method-owned samplers, and bad input."""
+against its KKT conditions and CVXPY, the method-owned samplers, the shared hyper-parameters, the
+sample-weights objective, FORUM's normalised upper-level gradients, the step the callbacks see, and bad
+input."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
-from mtlflow import jobs, methods
+from mtlflow import benchmarks, jobs, methods
+from mtlflow.config.run import RunConfig
+from mtlflow.core.callbacks import Callback
 from mtlflow.core.errors import InvalidParameterError
-from mtlflow.methods._moblo import SplitSampler
-from mtlflow.methods.forum import forum_nu, forum_qp
+from mtlflow.engine.trainer import Trainer
+from mtlflow.methods._moblo import (
+    BilevelState,
+    SampleWeights,
+    SplitSampler,
+    TaskWeights,
+    build_outer_optimizer,
+    build_upper_level,
+    common_hparams,
+)
+from mtlflow.methods.forum import FORUM, forum_nu, forum_qp
 from mtlflow.methods.moml import unrolled_hypergradients
 
 TARGETS = torch.tensor([[1.0, -2.0], [-1.5, 0.5]], dtype=torch.float64)    # LL quadratics, one per task
@@ -164,8 +180,6 @@ def test_task_weights_stay_on_the_simplex_and_move(name: str, multimnist_small: 
 def test_upper_step_moves_the_task_weights_against_the_hypergradient(optimizer: str, expected: list) -> None:
     """BilevelState.step_upper is a descent step: from α = (½, ½), the gradient (1, −1) and step 0.1 give
     α = Π_Δ(α − 0.1·(1, −1)) = (0.4, 0.6) with SGD, and the same first step with Adam (lr·g/|g|)."""
-    from mtlflow.methods._moblo import BilevelState, TaskWeights, build_outer_optimizer
-
     state = BilevelState("moml")
     state.upper = TaskWeights(2, "projection", torch.device("cpu"))
     state.optimizer = build_outer_optimizer({"outer_optimizer": optimizer, "outer_lr": 0.1}, state.upper.variable)
@@ -175,10 +189,133 @@ def test_upper_step_moves_the_task_weights_against_the_hypergradient(optimizer: 
 
 def test_forum_lower_level_step_follows_the_thesis_per_benchmark() -> None:
     """Thesis §3.5: LL step η = 0.01 on QM9, 0.1 on Office-31 / NYUv2 (the method's default)."""
-    from mtlflow import benchmarks
-
     qm9 = {**methods.build("forum", 11).hp, **benchmarks.build("qm9").method_defaults("forum")}
     assert qm9["inner_lr"] == 0.01 and qm9["inner_steps"] == 5 and qm9["rho"] == 0.1
     for name in ("nyuv2", "office31"):
         hp = {**methods.build("forum", 3).hp, **benchmarks.build(name).method_defaults("forum")}
         assert hp["inner_lr"] == 0.1, name
+
+
+def test_the_shared_bilevel_hyperparameters_have_the_thesis_defaults_and_constraints() -> None:
+    """``common_hparams`` called at test time (MOML's and FORUM's tables are built at import): the keys the
+    bilevel machinery reads, the thesis' defaults with the method's own T and η, and each constraint."""
+    spec = common_hparams(inner_steps=3, inner_lr=0.2)
+    defaults = {key: h.default for key, h in spec.items()}
+    assert defaults == {"upper": "task-weights", "simplex": "projection", "inner_steps": 3, "inner_lr": 0.2,
+                        "inner_batches": "step", "outer_optimizer": "adam", "outer_lr": 1e-3, "upper_split": "val"}
+    assert {key: h.requirement for key, h in spec.items()} == {
+        "upper": "'task-weights' or 'sample-weights'", "simplex": "'projection' or 'softmax'",
+        "inner_steps": "an integer >= 1", "inner_lr": "> 0", "inner_batches": "'step' or 'fresh'",
+        "outer_optimizer": "'adam' or 'sgd'", "outer_lr": "> 0", "upper_split": "'val' or 'train'"}
+    assert spec["inner_steps"].accepts(1) and not spec["inner_steps"].accepts(0)
+    assert spec["inner_lr"].accepts(1e-9) and not spec["inner_lr"].accepts(0.0)
+    with pytest.raises(InvalidParameterError) as error:
+        spec["inner_steps"].coerce("moml", "inner_steps", 2.0)
+    assert str(error.value) == "moml: hyper-parameter inner_steps=2.0 must be of type int"
+    # the defaults drive the machinery: α = 1/K on the simplex, Adam at 1e-3 on it, the step's batch inside
+    upper_level = build_upper_level(defaults, SimpleNamespace(tasks=[0, 1, 2], device=torch.device("cpu")))
+    assert isinstance(upper_level, TaskWeights) and upper_level.simplex == "projection"
+    torch.testing.assert_close(upper_level.variable, torch.full((3,), 1 / 3, dtype=torch.float64))
+    optimizer = build_outer_optimizer(defaults, upper_level.variable)
+    assert type(optimizer) is torch.optim.Adam and optimizer.param_groups[0]["lr"] == 1e-3
+    assert BilevelState("moml").inner_batch_source(defaults, None, "the step's batch")(0) == "the step's batch"
+
+
+def test_an_empty_upper_level_split_is_refused_in_one_line() -> None:
+    trainer = SimpleNamespace(data=SimpleNamespace(splits={"train": [], "val": [1, 2]}))
+    with pytest.raises(InvalidParameterError) as error:
+        BilevelState("forum").setup({"upper_split": "train"}, trainer)
+    assert str(error.value) == "forum needs a non-empty 'train' split for its upper level"
+
+
+def test_a_split_sampler_batch_is_the_drawn_samples_in_draw_order_whatever_the_loaders_default() -> None:
+    """The method owns the order of its batches (drawn from its seeded generator, checkpointed): it asks the
+    benchmark's loader not to shuffle, so even a ``make_loader`` override that shuffles by default (a
+    plugin's) gives the drawn samples in the drawn order."""
+    class ShufflingBench:
+        def make_loader(self, dataset, batch_size, shuffle=True):
+            return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle)
+
+    dataset = TensorDataset(torch.arange(10) * 10)
+    sampler, twin = SplitSampler("moml/upper"), SplitSampler("moml/upper")
+    sampler.reseed(5)
+    twin.reseed(5)
+    torch.manual_seed(0)  # the global generator a shuffling loader would draw from
+    for _ in range(3):
+        (batch,) = sampler.batch(ShufflingBench(), dataset, 4)
+        assert batch.tolist() == [10 * i for i in twin.next_indices(10, 4).tolist()]
+
+
+def test_sample_weights_lower_objective_is_the_sigmoid_weighted_mean_per_task_summed() -> None:
+    """Section 3.7.1: f(ω, α) = Σ_i (1/|B_i|) Σ_j σ(α_{i, id_ij}) ℓ_ij, with the cross-entropies of the
+    hyper-cleaning benchmark, against a hand computation."""
+    bench = benchmarks.build("hypercleaning")
+    trainer = SimpleNamespace(bench=bench, task_index=[0, 1], data=SimpleNamespace(splits={"train": range(5)}),
+                              device=torch.device("cpu"))
+    upper_level = SampleWeights(trainer)
+    variable = torch.tensor([[0.5, -1.0, 2.0, 0.0, 1.5], [-0.5, 0.3, 0.0, 1.0, -2.0]], dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    preds = [torch.randn(n, 10, generator=gen, dtype=torch.float64) for n in (3, 2)]
+    labels = [torch.tensor([1, 7, 3]), torch.tensor([0, 9])]
+    ids = [torch.tensor([4, 0, 2]), torch.tensor([3, 1])]
+    value = upper_level.lower_objective(variable, None, preds, [*labels, *ids])
+
+    def cross_entropy(row: list[float], label: int) -> float:
+        return math.log(sum(math.exp(v) for v in row)) - row[label]
+
+    expected = sum(sum(1 / (1 + math.exp(-float(variable[i, j]))) * cross_entropy(preds[i][n].tolist(), int(y))
+                       for n, (y, j) in enumerate(zip(labels[i], ids[i]))) / len(labels[i]) for i in range(2))
+    assert float(value) == pytest.approx(expected, rel=1e-12)
+
+
+def _trainer(bench, data, tmp_path: Path, method: str, hparams: dict, callbacks: tuple = ()) -> Trainer:
+    """A trainer of ``method`` on the tiny MultiMNIST data, plain SGD, batches of 8."""
+    config = RunConfig(method=method, epochs=1, batch_size=8, optimizer="sgd", lr=0.1,
+                       hparams={**jobs.resolved_hparams(bench, method, {}), **hparams})
+    return Trainer(bench, data, config, tmp_path / method, callbacks=list(callbacks), progress=False)
+
+
+@pytest.mark.parametrize("name", ["moml", "forum"])
+def test_the_callbacks_of_a_bilevel_step_see_the_trainers_step_and_epoch(name: str, multimnist_small: Path,
+                                                                          tmp_path: Path) -> None:
+    """MOML and FORUM own their step; the state they hand the step rules carries the trainer's step number
+    (0, then 1) and the epoch it was called with."""
+
+    class StepLog(Callback):
+        def __init__(self) -> None:
+            self.seen: list[tuple[int, int]] = []
+
+        def before_optimizer_step(self, trainer, state) -> None:
+            self.seen.append((state.epoch, state.step))
+
+    torch.set_num_threads(1)
+    bench, data = jobs.load_prepared(multimnist_small)
+    log = StepLog()
+    trainer = _trainer(bench, data, tmp_path, name, {"inner_steps": 1}, (log,))
+    batch = next(iter(trainer._loader(1)))
+    trainer.train_step(batch, 3)
+    trainer.train_step(batch, 3)
+    assert log.seen == [(3, 0), (3, 1)]
+
+
+def test_forum_normalize_upper_grads_gives_the_qp_unit_validation_gradients(multimnist_small: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``normalize_upper_grads`` (the authors' code) each ∇_ω F_i reaches the QP as ∇_ω F_i / ‖∇_ω F_i‖:
+    the first step's rows against the raw ones of a twin run with the option off."""
+    seen: list[torch.Tensor] = []
+    gram = FORUM._gram
+
+    def spy(upper_grads, f_omega, q_alpha):
+        seen.append(upper_grads.detach().clone())
+        return gram(upper_grads, f_omega, q_alpha)
+
+    monkeypatch.setattr(FORUM, "_gram", staticmethod(spy))
+    torch.set_num_threads(1)
+    bench, data = jobs.load_prepared(multimnist_small)
+    for normalize in (False, True):
+        trainer = _trainer(bench, data, tmp_path / str(normalize), "forum",
+                           {"inner_steps": 1, "normalize_upper_grads": normalize})
+        trainer.train_step(next(iter(trainer._loader(1))), 1)
+    raw, normalized = seen
+    assert raw.shape[0] == 2 and raw.shape[1] > 2
+    torch.testing.assert_close(normalized, raw / raw.norm(dim=1, keepdim=True), rtol=1e-5, atol=1e-7)
