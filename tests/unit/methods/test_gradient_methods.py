@@ -14,6 +14,7 @@ from method_helpers import FULL_RANK, RANK_DEFICIENT, fake_trainer, jacobian, po
 from torchjd import aggregation as torchjd_aggregation
 
 from mtlflow import methods
+from mtlflow.core.errors import NonFiniteValueError
 from mtlflow.methods.dbmtl import max_norm_balance
 from mtlflow.methods.graddrop import graddrop_direction, sign_purity
 from mtlflow.methods.moco import project_to_simplex
@@ -29,6 +30,13 @@ def test_dbmtl_balances_every_task_to_the_largest_norm(seed: int, k: int, p: int
     largest = grads.norm(dim=1).max()
     torch.testing.assert_close(contributions.norm(dim=1), torch.full((k,), float(largest), dtype=torch.float64))
     torch.testing.assert_close(direction, contributions.sum(dim=0))
+
+
+def test_dbmtl_a_zero_ema_row_gets_weight_zero_and_the_others_the_largest_norm() -> None:
+    # norms 5, 0, 1: α = (5/5, 0, 5/1), d = 1·(3, 4) + 5·(1, 0)
+    direction, alpha = max_norm_balance(torch.tensor([[3.0, 4.0], [0.0, 0.0], [1.0, 0.0]], dtype=torch.float64))
+    torch.testing.assert_close(alpha, torch.tensor([1.0, 0.0, 5.0], dtype=torch.float64), rtol=0, atol=0)
+    torch.testing.assert_close(direction, torch.tensor([8.0, 4.0], dtype=torch.float64), rtol=0, atol=0)
 
 
 def test_dbmtl_ema_of_log_loss_gradients_and_scale_invariance() -> None:
@@ -170,6 +178,13 @@ def test_moco_authors_code_variants_first_step() -> None:
     lam = torch.softmax(start - 0.1 * (y @ y.T) @ start, dim=0)     # γ_1 = 0.1, ρ = 0
     torch.testing.assert_close(method.last_weights, lam)
     torch.testing.assert_close(d, lam @ y)
+
+
+def test_moco_refuses_non_finite_gradients_in_one_line() -> None:
+    grads = torch.tensor([[1.0, float("nan")], [0.5, 2.0]], dtype=torch.float64)
+    with pytest.raises(NonFiniteValueError) as error:
+        methods.build("moco", 2).combine(grads, torch.ones(2, dtype=torch.float64))
+    assert str(error.value) == "moco: the tracked gradients contain NaN or Inf; check the losses and --lr"
 
 
 # -- ExcessMTL -----------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ Aligned-MTL (equal singular values), UPGrad (non-conflicting, linear); then the 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,7 @@ from mtlflow.methods._cvx import solve_checked
 from mtlflow.methods.alignedmtl import balance_transform
 from mtlflow.methods.gradvac import gradvac_coefficients
 from mtlflow.methods.imtlg import imtlg_weights
+from mtlflow.methods.nashmtl import CONIC_STATIONARITY_TOL, _CCCPProblem, cccp_start, stationarity_tol
 from mtlflow.methods.pcgrad import pcgrad_coefficients
 from mtlflow.methods.solvers import fairgrad_weights, min_norm_weights_qp
 
@@ -663,6 +665,44 @@ def test_nashmtl_pareto_stationary_gradients_use_min_norm_weights() -> None:
         method = methods.build("nashmtl", 2)
         d = method.combine(grads, torch.ones(2, dtype=torch.float64))
         assert method.stationary_steps == 1 and float(d.norm()) <= 1e-8
+
+
+@pytest.mark.parametrize("niter", [1, 2, 3])
+def test_nashmtl_runs_optim_niter_cccp_steps_when_it_does_not_converge(niter: int) -> None:
+    grads = jacobian(2, 3, 10)
+    _, _, method = nash(grads, optim_niter=niter, residual_tol=1e-300, step_tol=1e-300)
+    assert method.last_iterations == niter
+    # the same steps by hand: normalised Gramian C_n, the start point, niter CCCP steps, back to α
+    m = gramian(grads)
+    norms = np.sqrt(np.diag(m))
+    correlation = m / np.outer(norms, norms)
+    frobenius = float(np.linalg.norm(correlation))
+    c = correlation / frobenius
+    x = cccp_start(c, None, max(stationarity_tol(torch.float64), CONIC_STATIONARITY_TOL))
+    problem = _CCCPProblem(3, "CLARABEL")
+    for _ in range(niter):
+        x = problem.step(c, x)
+    np.testing.assert_allclose(method.last_weights.numpy(), x / (np.sqrt(frobenius) * norms), rtol=1e-9)
+
+
+@pytest.mark.parametrize("value", [None, [float("inf"), 1.0], [float("nan"), 1.0], [0.0, 1.0]])
+def test_a_cccp_step_without_finite_positive_weights_raises(monkeypatch: pytest.MonkeyPatch, value: Any) -> None:
+    # an "optimal" solve whose variable holds no usable weights (a solver bug the check guards against)
+    monkeypatch.setattr("mtlflow.methods.nashmtl.solve_checked", lambda *args: None)
+    problem = _CCCPProblem(2, "CLARABEL")
+    problem.alpha = SimpleNamespace(value=None if value is None else np.array(value))
+    with pytest.raises(SolverError) as error:
+        problem.step(np.eye(2) / np.sqrt(2.0), np.ones(2))
+    assert str(error.value) == ("nashmtl: the CLARABEL solve returned no positive weights; the task gradients "
+                                "may be degenerate")
+
+
+def test_a_fresh_nashmtl_checkpoints_no_weights() -> None:
+    state = methods.build("nashmtl", 3).state_dict()
+    assert state == {"alpha": None, "stationary_steps": 0}
+    clone = methods.build("nashmtl", 3)
+    clone.load_state_dict(state)
+    assert clone._alpha is None and clone.last_weights is None and clone.stationary_steps == 0
 
 
 def test_nashmtl_missing_solver_raises() -> None:

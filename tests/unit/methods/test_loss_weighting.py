@@ -199,6 +199,15 @@ def test_uw_gradient_wrt_log_variance(seed: int, k: int) -> None:
     assert clone.parameters()[0].requires_grad
 
 
+def test_uw_weights_are_half_the_inverse_variances_in_the_losses_dtype() -> None:
+    uw = methods.build("uw", 3)
+    with torch.no_grad():
+        uw.log_variances.copy_(torch.tensor([0.0, math.log(2.0), -math.log(4.0)]))
+    uw.objective(torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))
+    # ½ e^{-s}: ½, ¼, 2 -- in float64 like the losses, although s is a float32 parameter
+    torch.testing.assert_close(uw.last_weights, torch.tensor([0.5, 0.25, 2.0], dtype=torch.float64))
+
+
 # -- GradNorm -------------------------------------------------------------------------------------
 
 def test_gradnorm_weight_gradient_is_the_gradient_of_l_grad() -> None:
@@ -316,6 +325,20 @@ def test_stch_phases_nadir_and_softmax_weights() -> None:
     sharp.load_state_dict(stch.state_dict())
     share = sharp.weights(losses.detach()) * losses.detach() / k
     torch.testing.assert_close(share, torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["stch", "imtl"])
+def test_losses_at_or_below_their_bounds_are_refused_naming_the_method(name: str) -> None:
+    method = methods.build(name, 2, min_losses=[-1.0, 0.0])
+    losses = torch.tensor([-1.0, 0.5], dtype=torch.float64)
+    with pytest.raises(InvalidParameterError) as error:
+        if name == "imtl":
+            method.before_backward(ctx(losses))     # the gradient of IMTL-L's scales
+        else:
+            method.objective(losses)
+    assert str(error.value) == (f"{name}: the method needs losses above their lower bounds, got losses "
+                                "[-1.0, 0.5] and min_losses [-1.0, 0.0]; set --hp min_losses=[...] below the "
+                                "attainable losses")
 
 
 # -- FAMO -----------------------------------------------------------------------------------------
