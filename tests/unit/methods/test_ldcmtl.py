@@ -3,6 +3,7 @@ model and the router (Alg. 1), the double loop (Alg. 2), Table 5 defaults, train
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -214,33 +215,78 @@ def test_bench_reports_the_ratio_to_ls_against_the_papers_claim(tmp_path: Path) 
     assert check["target"] == "paper: step <= 1.11x LS" and check["value"] == row["ratio_to_ls"]
 
 
+@pytest.mark.parametrize("decay", [0.0, 0.1])
 @pytest.mark.parametrize("optimizer", ["adamw", "adam", "sgd"])
-def test_router_step_is_sgd_on_the_objective_with_the_models_weight_decay(optimizer: str) -> None:
+def test_router_step_is_sgd_on_the_objective_with_the_models_weight_decay(optimizer: str, decay: float) -> None:
     """One router step through the production path (objective -> backward -> after_optimizer_step) moves
-    the logits by exactly what the hand-derived gradient of Eq. 2 predicts, with the model's weight decay
-    (0 here, as the paper's single optimizer) -- never torch's AdamW default of 0.01."""
+    the logits by exactly what the hand-derived gradient of Eq. 2 predicts, with the model's optimizer kind
+    and weight decay (0 in the paper's recipes: never torch's AdamW default of 0.01; 0.1 tells AdamW's
+    decoupled decay from Adam's and SGD's L2 term)."""
     logits, lam, lr = [0.3, -0.2, 0.5], 0.07, 0.1
     method = methods.build("ldcmtl", 3, router="vector", penalty=lam, tau="sigma", form="paper")
-    config = SimpleNamespace(seed=0, lr=lr, optimizer=optimizer, momentum=0.9, weight_decay=0.0)
+    config = SimpleNamespace(seed=0, lr=lr, optimizer=optimizer, momentum=0.9, weight_decay=decay)
     method.setup(SimpleNamespace(config=config, model=None))
     with torch.no_grad():
         method.router.logits.copy_(torch.tensor(logits))
-    assert all(g["weight_decay"] == 0.0 for g in method.router_optimizer.param_groups)
+    assert all(g["weight_decay"] == decay for g in method.router_optimizer.param_groups)
     losses = torch.tensor([2.0, 0.4, 1.1])
     method.before_backward(context(losses))
     method.objective(losses).backward()
     method.after_optimizer_step(context(losses))
 
     # ∂/∂logits of Σ|σ_i l_i − σ_{i+1} l_{i+1}| + λ Σ σ_i l_i via the softmax Jacobian diag(σ) − σσᵀ
-    sigma = np.exp(logits) / np.exp(logits).sum()
+    w = np.array(logits)
+    sigma = np.exp(w) / np.exp(w).sum()
     l = losses.numpy().astype(np.float64)
     signs = np.concatenate([[0.0], np.sign(sigma[:-1] * l[:-1] - sigma[1:] * l[1:]), [0.0]])
     d_sigma = l * (signs[1:] - signs[:-1]) + lam * l
     grad = (np.diag(sigma) - np.outer(sigma, sigma)) @ d_sigma
-    # first step: SGD moves lr·g; Adam/AdamW move lr·g/(|g| + eps) (bias-corrected moments)
-    step = lr * grad if optimizer == "sgd" else lr * grad / (np.abs(grad) + 1e-8)
-    np.testing.assert_allclose(method.router.logits.detach().numpy(), np.array(logits) - step, rtol=1e-5,
-                               atol=1e-7)
+    # first step: SGD moves lr·g and Adam lr·g/(|g| + eps) (bias-corrected moments), both with the L2 term
+    # g + decay·w; AdamW takes lr·g/(|g| + eps) from the decayed w·(1 − lr·decay)
+    if optimizer == "sgd":
+        expected = w - lr * (grad + decay * w)
+    elif optimizer == "adam":
+        coupled = grad + decay * w
+        expected = w - lr * coupled / (np.abs(coupled) + 1e-8)
+    else:
+        expected = w * (1 - lr * decay) - lr * grad / (np.abs(grad) + 1e-8)
+    np.testing.assert_allclose(method.router.logits.detach().numpy(), expected, rtol=1e-5, atol=1e-7)
+
+
+def mlp_method(seed: int) -> LDCMTL:
+    method = methods.build("ldcmtl", 2, router="mlp", penalty=0.5)
+    method.setup(SimpleNamespace(config=SimpleNamespace(seed=seed, lr=0.01, optimizer="adam"), model=None))
+    return method
+
+
+def router_step(method: LDCMTL, features: torch.Tensor, losses: torch.Tensor, step: int) -> None:
+    ctx = StepContext(step=step, epoch=1, losses=losses, recompute_losses=lambda: losses,
+                      extra={"features": features})
+    method.before_backward(ctx)
+    method.objective(losses).backward()
+    method.after_optimizer_step(ctx)
+
+
+def test_mlp_router_restored_into_a_fresh_method_continues_exactly() -> None:
+    """A resumed run's method has no router yet (the MLP is built from the first batch's feature width):
+    load_state_dict rebuilds it at the saved width, with the saved weights and Adam moments, so the next
+    step is the one the uninterrupted run takes."""
+    features = torch.randn(4, 12, generator=torch.Generator().manual_seed(0))
+    losses = torch.tensor([0.9, 0.3])
+    original = mlp_method(seed=0)
+    for step in range(2):
+        router_step(original, features, losses, step)
+    resumed = mlp_method(seed=1)  # another seed: its own router would start elsewhere
+    assert resumed.router is None
+    checkpoint = io.BytesIO()  # as checkpoint.pt: the live optimizer state is not shared with the resumed run
+    torch.save(original.state_dict(), checkpoint)
+    checkpoint.seek(0)
+    resumed.load_state_dict(torch.load(checkpoint, weights_only=False))
+    assert resumed.router.in_features == 12
+    router_step(original, features, losses, 2)
+    router_step(resumed, features, losses, 2)
+    for (name, a), b in zip(original.router.state_dict().items(), resumed.router.state_dict().values()):
+        assert torch.equal(a, b), name
 
 
 @pytest.mark.parametrize("name,paper_count", [("cityscapes", 10_402), ("nyuv2", 23_184)])

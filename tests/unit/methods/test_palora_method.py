@@ -1,0 +1,78 @@
+"""PaLoRA as a method, without training: when the front is evaluated, and what Pareto expansion's
+``init_from`` refuses (with the exact one-line messages the user sees)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from mtlflow import methods
+from mtlflow.core.errors import DataError, InvalidParameterError
+
+
+def test_a_single_task_is_refused_with_the_ls_alternative() -> None:
+    with pytest.raises(InvalidParameterError) as error:
+        methods.build("palora", 1)
+    assert str(error.value) == ("palora learns a Pareto front over at least 2 tasks; train single-task references "
+                                "with --method ls")
+
+
+@pytest.mark.parametrize("every,select,due", [
+    (3, "last-k:2", [3, 6, 9, 10]),   # multiples of 3, and the two epochs the selection averages
+    (4, "last", [4, 8, 10]),          # the final epoch always, so the selected front exists
+    (0, "last-k:3", [8, 9, 10]),      # 0: only the selection window
+])
+def test_front_is_due_every_front_every_epochs_and_in_the_selection_window(every: int, select: str,
+                                                                          due: list[int]) -> None:
+    method = methods.build("palora", 2, front_every=every)
+    assert [epoch for epoch in range(1, 11) if method.front_due(epoch, 10, select)] == due
+
+
+class _MakesDirectoryOnLoad:
+    """A pickled object whose unpickling calls ``os.mkdir(path)``: what a tampered model.pt could run."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return os.mkdir, (self.path,)
+
+
+def _expansion_trainer() -> SimpleNamespace:
+    """What ``init_from`` reads of the trainer: a two-task benchmark ``b`` on data ``h``, a 2 x 2 linear model."""
+    tasks = [SimpleNamespace(name="left"), SimpleNamespace(name="right")]
+    return SimpleNamespace(device="cpu", tasks=tasks, bench=SimpleNamespace(name="b"),
+                           data=SimpleNamespace(content_hash="h" * 64), model=nn.Linear(2, 2))
+
+
+def _single_point_blob(state_dict: dict[str, torch.Tensor]) -> dict:
+    return {"benchmark": "b", "tasks": ["left", "right"], "data_hash": "h" * 64, "state_dict": state_dict}
+
+
+def test_init_from_a_model_of_other_shapes_names_the_benchmark_configuration(tmp_path: Path) -> None:
+    path = tmp_path / "model.pt"
+    torch.save(_single_point_blob({"weight": torch.zeros(3, 2), "bias": torch.zeros(3)}), path)
+    method = methods.build("palora", 2, init_from=str(path))
+    with pytest.raises(InvalidParameterError) as error:
+        method.setup(_expansion_trainer())
+    assert str(error.value) == (f"init_from: {path} does not fit this model (different benchmark options?); "
+                                "use the benchmark configuration it was trained with")
+
+
+def test_init_from_runs_no_code_from_the_file_and_calls_it_corrupt(tmp_path: Path) -> None:
+    """model.pt holds tensors and plain data; a file that would run code when unpickled is refused unopened
+    (torch.load(weights_only=True)), not executed."""
+    marker = tmp_path / "ran"
+    path = tmp_path / "model.pt"
+    blob = _single_point_blob({"weight": torch.zeros(2, 2), "bias": torch.zeros(2)})
+    torch.save({**blob, "note": _MakesDirectoryOnLoad(marker)}, path)
+    method = methods.build("palora", 2, init_from=str(path))
+    with pytest.raises(DataError) as error:
+        method.setup(_expansion_trainer())
+    assert str(error.value) == f"init_from: {path} is corrupt (UnpicklingError); retrain that run"
+    assert not marker.exists()
