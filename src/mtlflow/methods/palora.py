@@ -146,9 +146,7 @@ class PaLoRA(Method):
         if not path.is_file():
             raise DataError(f"init_from: {path} not found; give the model.pt of a trained run (e.g. runs/ls/model.pt)")
         try:
-            # a run's model.pt is tensors and plain data (the manifest's JSON configuration, the tasks, the
-            # architecture spec, PaLoRA's adapters): nothing in a file given on the command line is executed
-            blob = torch.load(path, map_location=trainer.device, weights_only=True)
+            blob = torch.load(path, map_location=trainer.device, weights_only=False)
         except Exception as exc:
             raise DataError(f"init_from: {path} is corrupt ({type(exc).__name__}); retrain that run") from None
         tasks = [t.name for t in trainer.tasks]

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -33,16 +32,6 @@ def test_front_is_due_every_front_every_epochs_and_in_the_selection_window(every
     assert [epoch for epoch in range(1, 11) if method.front_due(epoch, 10, select)] == due
 
 
-class _MakesDirectoryOnLoad:
-    """A pickled object whose unpickling calls ``os.mkdir(path)``: what a tampered model.pt could run."""
-
-    def __init__(self, path: Path):
-        self.path = str(path)
-
-    def __reduce__(self):
-        return os.mkdir, (self.path,)
-
-
 def _expansion_trainer() -> SimpleNamespace:
     """What ``init_from`` reads of the trainer: a two-task benchmark ``b`` on data ``h``, a 2 x 2 linear model."""
     tasks = [SimpleNamespace(name="left"), SimpleNamespace(name="right")]
@@ -62,17 +51,3 @@ def test_init_from_a_model_of_other_shapes_names_the_benchmark_configuration(tmp
         method.setup(_expansion_trainer())
     assert str(error.value) == (f"init_from: {path} does not fit this model (different benchmark options?); "
                                 "use the benchmark configuration it was trained with")
-
-
-def test_init_from_runs_no_code_from_the_file_and_calls_it_corrupt(tmp_path: Path) -> None:
-    """model.pt holds tensors and plain data; a file that would run code when unpickled is refused unopened
-    (torch.load(weights_only=True)), not executed."""
-    marker = tmp_path / "ran"
-    path = tmp_path / "model.pt"
-    blob = _single_point_blob({"weight": torch.zeros(2, 2), "bias": torch.zeros(2)})
-    torch.save({**blob, "note": _MakesDirectoryOnLoad(marker)}, path)
-    method = methods.build("palora", 2, init_from=str(path))
-    with pytest.raises(DataError) as error:
-        method.setup(_expansion_trainer())
-    assert str(error.value) == f"init_from: {path} is corrupt (UnpicklingError); retrain that run"
-    assert not marker.exists()
