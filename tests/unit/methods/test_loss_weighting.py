@@ -484,3 +484,23 @@ class TestFAMO(LossWeightingContract):
 
 class TestLS(LossWeightingContract):
     name = "ls"
+
+
+def test_the_shared_min_losses_hyperparameter_accepts_one_number_per_task_or_none():
+    # built here, at test time: the methods call min_losses_hparam() while their module is imported, before
+    # mutation testing switches a mutant on, so only a call from a test checks it
+    from mtlflow.methods._support import min_losses_hparam
+
+    spec = min_losses_hparam()
+    assert spec.default is None and spec.kind is list and spec.requirement == "a list of numbers, one per task"
+    for accepted in (None, [], [0.0, -21], [1, 2.5, -3]):
+        assert spec.accepts(accepted), accepted
+    for refused in ([True, 0.0], [0.0, "1"], [None], [[0.0]]):
+        assert not spec.accepts(refused), refused
+    assert spec.coerce("stch", "min_losses", [-1, 0.5]) == [-1, 0.5]
+    with pytest.raises(InvalidParameterError) as error:
+        spec.coerce("stch", "min_losses", [0.0, False])
+    assert str(error.value) == ("stch: hyper-parameter min_losses=[0.0, False] is invalid; it must be a list of "
+                                "numbers, one per task")
+    assert spec.help == ("lower bounds L^min of the task losses, one per task (default 0); the method uses "
+                         "L - L^min, which must stay positive (the toy problem needs [-21·scale, -21])")
