@@ -1,0 +1,69 @@
+"""COST options: how the variants' defaults resolve, which values are accepted at the boundaries, and the
+one-line refusals word for word (the messages are part of the contract: bad input gets one clear line)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.teleport import build
+from mtlflow.teleport.options import CostOptions
+
+
+def refusal(options) -> str:
+    with pytest.raises(InvalidParameterError) as error:
+        CostOptions.from_mapping(options)
+    return str(error.value)
+
+
+def test_unknown_options_are_named_with_every_valid_option_sorted():
+    assert refusal({"bogus": 1, "aa": 2}) == (
+        "unknown COST option(s) aa, bogus; valid: adapter, balance, batch_size, batches, check_every, delay_epochs, "
+        "eval_mode, gamma, htr, htr_reference, invariance_target, invariance_weight, lr, max_per_epoch, noise, passes, "
+        "perturbations, radius, rank, reduction, sharpness_gradient, steps, trigger, use_invariance, use_sharpness, "
+        "variant")
+
+
+def test_unknown_variant_is_refused_with_the_valid_variants():
+    assert refusal({"variant": "v2"}) == "COST variant must be one of paper, released, got 'v2'"
+
+
+def test_explicit_steps_replace_the_released_variants_passes():
+    # released trains for passes = 2 over the training set; an explicit step count must win, not be ignored
+    # (the callback runs `passes x batches` steps whenever passes is set)
+    resolved = CostOptions.from_mapping({"variant": "released", "steps": 5}).resolved()
+    assert (resolved.steps, resolved.passes) == (5, None)
+    assert CostOptions.from_mapping({"variant": "released"}).resolved().passes == 2
+
+
+def test_a_single_pass_is_the_smallest_accepted_pass_count():
+    assert CostOptions.from_mapping({"variant": "released", "passes": 1}).resolved().passes == 1
+    assert refusal({"variant": "released", "passes": 0}) == "COST option passes must be an integer >= 1, got 0"
+
+
+def test_gamma_zero_is_accepted_and_a_negative_gamma_is_refused_as_not_non_negative():
+    # gamma weighs L_g in L_t - gamma L_g (Eq. 11): 0 switches the sharpness term off, so it is valid
+    assert CostOptions.from_mapping({"gamma": 0.0}).resolved().gamma == 0.0
+    assert refusal({"gamma": -0.1}) == "COST option gamma must be a non-negative finite number, got -0.1"
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"sharpness_gradient": "both"},
+     "sharpness_gradient must be one of through-perturbations, unperturbed-only, got 'both'"),
+    ({"invariance_target": "epoch"}, "invariance_target must be one of batch, mean, got 'epoch'"),
+    ({"max_per_epoch": -1}, "max_per_epoch must be an integer >= 0, got -1"),
+    ({"batch_size": -1}, "batch_size must be an integer >= 0, got -1"),
+    ({"perturbations": 0}, "perturbations must be an integer >= 1, got 0"),
+    ({"steps": 0}, "steps must be an integer >= 1, got 0"),
+    ({"invariance_weight": -1.0}, "invariance_weight must be a non-negative finite number, got -1.0"),
+    ({"htr": "yes"}, "htr must be true or false, got 'yes'"),
+])
+def test_a_bad_value_is_refused_naming_the_option_and_the_value(options, message):
+    assert refusal(options) == "COST option " + message
+
+
+def test_build_refuses_options_that_are_not_a_mapping():
+    # a list of pairs would otherwise pass through dict() and silently build a teleport
+    with pytest.raises(InvalidParameterError) as error:
+        build("cost", [("rank", 3)])
+    assert str(error.value) == "teleport_options must be a mapping, got [('rank', 3)]"
