@@ -85,6 +85,13 @@ def test_mgda_on_near_duplicate_tasks_satisfies_kkt(dtype: torch.dtype, noise: f
     np.testing.assert_allclose((g @ w)[w > 1e-9], value, rtol=1e-6)
 
 
+def test_mgda_all_zero_jacobian_gives_uniform_weights_and_zero_update() -> None:
+    # every point of the simplex has norm 0; the exact solver returns the uniform weights, not a 0/0 solve
+    d, method = combine("mgda", torch.zeros(3, 5, dtype=torch.float64))
+    assert method.last_weights.tolist() == [1 / 3, 1 / 3, 1 / 3]
+    assert d.tolist() == [0.0] * 5
+
+
 @pytest.mark.parametrize("dtype,noise", LOW_PRECISION)
 def test_nashmtl_and_fairgrad_on_near_duplicate_tasks_solve_the_fixed_point(dtype: torch.dtype, noise: float) -> None:
     j = near_duplicates(2, 10, 1000, noise, dtype)

@@ -1,0 +1,237 @@
+"""One COST teleport through the trainer, and the pieces it is made of, against independent computations:
+the event's loss changes in float64, its telemetry keys and values (pairwise cosines by brute force, HTR's
+σβ), the mode of the teleport's model copy (the invariance targets are the trigger batch's losses in that
+mode), Eq. 11's sign, the bf16 autocast of ``--amp bf16``, PEFT's defaults and the merge's refusal.
+
+Each test pins a behaviour that the mutation run (docs/development/mutation-testing.md) found unchecked.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from mtlflow import jobs
+from mtlflow.config.run import RunConfig
+from mtlflow.core.callbacks import Callback
+from mtlflow.engine.trainer import Trainer
+from mtlflow.models.base import MultiTaskModel
+from mtlflow.models.lenet import LeNetTrunk, classification_head
+from mtlflow.teleport import adapters, callback
+from mtlflow.teleport.callback import CostTeleport
+from mtlflow.teleport.objective import TeleportProblem, adapter_objective
+from mtlflow.teleport.options import CostOptions
+from mtlflow.teleport.triggers import gradient_stats
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+class _ToDouble(nn.Module):
+    def forward(self, x):
+        return x.double()
+
+
+def _trainer(data_dir, tmp_path, **options) -> Trainer:
+    """A COST trainer (teleporting on every step) on MultiMNIST whose LeNet, with a BatchNorm at the trunk's
+    end, runs in float64: loss changes far below float32's resolution are visible."""
+    bench, data = jobs.load_prepared(data_dir)
+
+    def make_model(names=None):
+        torch.manual_seed(0)
+        names = bench.task_names if names is None else names
+        trunk = nn.Sequential(_ToDouble(), LeNetTrunk(width=4, features=16), nn.BatchNorm1d(16))
+        return MultiTaskModel(trunk, [classification_head(16, 10, hidden=8) for _ in names], list(names)).double()
+
+    bench.make_model = make_model
+    config = RunConfig(method="ls", batch_size=16, max_steps_per_epoch=1, epochs=1, seed=3,
+                       hparams=jobs.resolved_hparams(bench, "ls", {}), teleport="cost",
+                       teleport_options={"trigger": "always", **options})
+    trainer = Trainer(bench, data, config, tmp_path / "run", progress=False)
+    for cb in trainer.callbacks:
+        cb.on_train_start(trainer)
+        cb.on_epoch_start(trainer, 1)
+    return trainer
+
+
+class _Recorder(Callback):
+    """The per-task gradients the callbacks see before the teleport and at the redone step, and the betas
+    the optimizer steps with (put after COST, whose ``before_optimizer_step`` applies HTR)."""
+
+    name = "recorder"
+
+    def __init__(self):
+        self.grads: list[torch.Tensor] = []
+        self.betas: list[list[float]] = []
+
+    def after_gradients(self, trainer, state):
+        self.grads.append(state.grads.detach().clone())
+        return False
+
+    def before_optimizer_step(self, trainer, state):
+        self.grads.append(state.grads.detach().clone())
+        self.betas = [list(g["betas"]) for g in trainer.optimizer.param_groups]
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(a @ b) / math.sqrt(float(a @ a) * float(b @ b))
+
+
+def test_a_teleport_that_does_not_move_changes_no_loss_in_float64(multimnist_small, tmp_path):
+    # L_t alone from Δθ = 0 (Table 4's "w/o L_g") is at its minimum: the redone step sees the same float64
+    # losses, so the recorded change is exactly 0 (not the float32 rounding of the losses before)
+    trainer = _trainer(multimnist_small, tmp_path, use_sharpness=False, htr=False)
+    trainer.train_step(next(iter(trainer._loader(1))), 1)
+    (event,) = trainer.callbacks[0]._events
+    assert event["displacement_norm"] == 0.0
+    assert event["losses_after"] == event["losses_before"]
+    assert all(v != float(torch.tensor(v, dtype=torch.float32)) for v in event["losses_before"].values())
+    assert event["loss_change_max_abs"] == 0.0
+    assert event["loss_change_max_relative"] == 0.0
+
+
+def test_teleport_event_keys_and_values_match_the_gradients_and_the_optimizer(multimnist_small, tmp_path, monkeypatch):
+    traces = []
+    real = callback.optimise_adapter
+    monkeypatch.setattr(callback, "optimise_adapter", lambda *args: traces.append(real(*args)) or traces[-1])
+    trainer = _trainer(multimnist_small, tmp_path, trigger="weak", radius=0.5, lr=5e-2)
+    recorder = _Recorder()
+    trainer.callbacks.append(recorder)
+    conflicting = next(itertools.islice(trainer._loader(1), 3, None))  # its task gradients have cos ≈ -0.53
+    trainer.train_step(conflicting, 1)
+    (event,) = trainer.callbacks[0]._events
+    (trace,) = traces
+    # metrics.json's cost.events schema (docs/research/cost.md; experiments/cost_ablation.py reads it)
+    assert set(event) == {
+        "step", "epoch", "trigger", "reason", "losses_before", "conflicting_before", "cosine_to_mean_before",
+        "grad_norms_before", "mean_grad_norm_before", "min_pairwise_cos_before", "balance_weights", "adapter",
+        "adapter_steps", "adapter_batches", "invariance_first", "invariance_last", "sharpness_first",
+        "sharpness_last", "displacement_norm", "displacement_relative", "sigma", "sigma_raw", "htr_reference",
+        "htr_applied", "htr_betas", "seconds", "losses_after", "loss_change_max_abs", "loss_change_max_relative",
+        "min_pairwise_cos_after", "conflicting_after", "cosine_to_mean_after", "grad_norms_after",
+        "mean_grad_norm_after"}
+    # two tasks: the smallest pairwise cosine is the one cosine, before (the weak trigger fired on it) and after
+    before, after = recorder.grads
+    assert math.isclose(event["min_pairwise_cos_before"], _cosine(before[0], before[1]), rel_tol=1e-12)
+    assert event["min_pairwise_cos_before"] < 0
+    assert math.isclose(event["min_pairwise_cos_after"], _cosine(after[0], after[1]), rel_tol=1e-12)
+    # L_t and L_g at the first and the last of the 8 adapter steps; L_t = 0 at the start (LoRA's B = 0)
+    assert event["adapter_steps"] == trace.steps == 8
+    assert (event["invariance_first"], event["invariance_last"]) == (trace.invariance[0], trace.invariance[-1])
+    assert (event["sharpness_first"], event["sharpness_last"]) == (trace.sharpness[0], trace.sharpness[-1])
+    assert event["invariance_first"] == 0.0 and event["invariance_last"] > 0.0
+    # HTR (Eq. 13): the optimizer steps with σ·(β₁, β₂), which the event records
+    sigma = event["sigma"]
+    assert 0.0 < sigma < 1.0 and event["htr_applied"] is True
+    assert event["htr_betas"] == recorder.betas == [[sigma * 0.9, sigma * 0.999]]
+    # the loss changes, recomputed from the recorded float64 losses
+    pairs = [(event["losses_after"][t], event["losses_before"][t]) for t in event["losses_before"]]
+    assert event["loss_change_max_abs"] == max(abs(a - b) for a, b in pairs) > 0.0
+    assert event["loss_change_max_relative"] == max(abs(a - b) / abs(b) for a, b in pairs)
+
+
+@pytest.mark.parametrize("eval_mode", [False, True])
+def test_invariance_targets_are_the_trigger_batch_losses_in_the_variants_mode(eval_mode, multimnist_small, tmp_path,
+                                                                             monkeypatch):
+    # L_i* is measured on the teleport's copy of the model: in train mode (the paper variant: BatchNorm on the
+    # batch's statistics) or in eval mode (the released code: BatchNorm on its running statistics)
+    problems = []
+    real = callback.optimise_adapter
+    monkeypatch.setattr(callback, "optimise_adapter", lambda problem, *args: problems.append(problem)
+                        or real(problem, *args))
+    trainer = _trainer(multimnist_small, tmp_path, eval_mode=eval_mode, use_sharpness=False, htr=False, steps=1)
+    batch = next(iter(trainer._loader(1)))
+    inputs, targets = trainer.inputs_targets(batch)
+    reference = copy.deepcopy(trainer.model).train(not eval_mode)
+    with torch.no_grad():
+        expected = torch.stack(trainer.task_losses(reference(inputs), targets))
+        other = torch.stack(trainer.task_losses(reference.train(eval_mode)(inputs), targets))
+    assert not torch.allclose(expected, other, rtol=1e-3)  # the two modes give different losses
+    trainer.train_step(batch, 1)
+    (problem,) = problems
+    torch.testing.assert_close(problem.targets, expected.unsqueeze(0), rtol=1e-12, atol=0.0)
+
+
+def test_adapter_objective_is_weighted_invariance_minus_gamma_times_sharpness():
+    # Eq. 11 on a hand-checked problem: losses (x₀², x₁²) at x = w + Δ (+ ε), w = (1, 2), Δ = 0, targets
+    # (0.5, 3): L_t = (0.5 + 1) / 2 = 0.75; ε = (0.5, 0): perturbed losses (2.25, 4), R = (1.5, 0.5),
+    # L_g = |(1.5 · 1.25 + 0.5 · 0) / 2| = 0.9375; w·L_t − γ·L_g = 2 · 0.75 − 0.5 · 0.9375 = 1.03125
+    w = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    delta = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+
+    def losses(batch, eps):
+        x = w + delta + (eps["w"] if eps is not None else 0.0)
+        return x ** 2
+
+    problem = TeleportProblem(losses=losses, perturbation_shapes={"w": w.shape}, adapter_parameters=[delta],
+                              targets=torch.tensor([[0.5, 3.0]], dtype=torch.float64),
+                              balance=torch.tensor([1.5, 0.5], dtype=torch.float64), n_batches=1,
+                              dtype=torch.float64)
+    options = CostOptions.from_mapping({"invariance_weight": 2.0, "gamma": 0.5}).resolved()
+    eps = {"w": torch.tensor([0.5, 0.0], dtype=torch.float64)}
+    total, l_t, l_g = adapter_objective(problem, options, 0, [eps])
+    assert (float(l_t.detach()), float(l_g.detach())) == (0.75, 0.9375)
+    assert float(total.detach()) == 1.03125
+
+
+def _tiny_model() -> MultiTaskModel:
+    torch.manual_seed(0)
+    trunk = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 5), nn.Tanh())
+    return MultiTaskModel(trunk, [nn.Linear(5, 1), nn.Linear(5, 1)], ["a", "b"])
+
+
+def test_the_teleports_forward_runs_in_bfloat16_under_amp_whatever_autocasts_default_dtype():
+    # --amp bf16 means bfloat16 also where autocast's default is another type (float16 on CUDA; set here on
+    # the CPU, whose default is bfloat16)
+    model = _tiny_model()
+    adapted = adapters.inject(model, model.shared_parameters(), "lora", 2)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 4, generator=g), [torch.randn(8, 1, generator=g) for _ in range(2)]
+
+    def task_losses(preds, targets):
+        return [((p - t) ** 2).mean() for p, t in zip(preds, targets)]
+
+    trainer = SimpleNamespace(device=torch.device("cpu"), config=SimpleNamespace(amp="bf16"),
+                              inputs_targets=lambda batch: batch, task_losses=task_losses)
+    batches = SimpleNamespace(n=1, get=lambda index: (x, y))
+    stats = gradient_stats(torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=torch.float64))
+
+    def expected(dtype: torch.dtype) -> torch.Tensor:
+        with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+            return torch.stack(trainer.task_losses(adapted.model(x), y)).float()
+
+    previous = torch.get_autocast_dtype("cpu")
+    torch.set_autocast_dtype("cpu", torch.float16)
+    try:
+        problem = CostTeleport()._problem(trainer, adapted, batches, stats)
+    finally:
+        torch.set_autocast_dtype("cpu", previous)
+    assert not torch.equal(expected(torch.bfloat16), expected(torch.float16))
+    assert torch.equal(problem.targets, expected(torch.bfloat16).unsqueeze(0))
+
+
+def test_inject_defaults_to_lora_of_rank_5_on_every_shared_layer():
+    # App. B.2: LoRA, r = 5; A is [r, in], B is [out, r] for each trunk Linear (4 -> 6 -> 5)
+    model = _tiny_model()
+    adapted = adapters.inject(model, model.shared_parameters())
+    shapes = {n: tuple(p.shape) for n, p in adapted.model.named_parameters() if p.requires_grad}
+    assert shapes == {"trunk.0.lora_A.default.weight": (5, 4), "trunk.0.lora_B.default.weight": (6, 5),
+                      "trunk.2.lora_A.default.weight": (5, 6), "trunk.2.lora_B.default.weight": (5, 5)}
+
+
+@pytest.mark.parametrize("leftover", ["lora_A", "hada_w1", "oft_R"])
+def test_merge_refuses_a_merged_model_that_still_holds_adapter_modules(leftover):
+    # the trainer must get plain layers back, whichever adapter (LoRA, LoHa, OFT) a PEFT merge left behind
+    merged = nn.Sequential()
+    merged.add_module("fc", nn.Linear(2, 2))
+    merged.fc.add_module(leftover, nn.Identity())
+    adapted = adapters.AdaptedModel(model=merged, tuner=SimpleNamespace(merge_and_unload=lambda: merged),
+                                    adapter_parameters=[], shared_names=[], targets=[])
+    with pytest.raises(RuntimeError) as error:
+        adapters.merge_and_unload(adapted)
+    assert str(error.value) == f"adapter modules remain after merge_and_unload: ['fc.{leftover}']"
