@@ -147,12 +147,12 @@ def report(mutants_dir: Path) -> int:
     return 1 if problems else 0
 
 
-def forget(mutants_dir: Path, folders: list[str], statuses: set[str]) -> int:
+def forget(mutants_dir: Path, folders: list[str], statuses: set[str]) -> list[str]:
     """Clear the results of the mutants of ``folders`` whose status is in ``statuses`` so that ``mutmut run``
-    tests them again; returns how many."""
+    tests them again; returns their names."""
     from mutmut.stats import status_by_exit_code
 
-    forgotten = 0
+    forgotten = []
     for meta_path in mutants_dir.rglob("*.py.meta"):
         if folder_of(meta_path.relative_to(mutants_dir).with_suffix("")) not in folders:
             continue
@@ -161,7 +161,7 @@ def forget(mutants_dir: Path, folders: list[str], statuses: set[str]) -> int:
         for mutant, code in codes.items():
             if code is not None and status_by_exit_code[code] in statuses:
                 codes[mutant] = None
-                forgotten += 1
+                forgotten.append(mutant)
         meta_path.write_text(json.dumps(meta, indent=4))
     return forgotten
 
@@ -269,22 +269,32 @@ def restore_results(mutants_dir: Path, saved: Path) -> int:
 
 
 def run(max_children: int, stop_after: float | None, retry_undetected: bool, only: list[str],
-        retry_timeouts: bool = False, sample: int = 0) -> int:
+        retry_timeouts: bool = False, sample: int | None = None) -> int:
     print(f"restored {restore_results(Path('mutants'), SAVED_RESULTS)} saved verdicts")
+    if sample is not None:
+        generate_mutants(max_children)  # names every mutant, so that the retests and the draw can be listed
+    retests: list[str] = []
     if retry_undetected:
-        print(f"retesting {forget(Path('mutants'), only or list(FOLDERS), UNDETECTED)} undetected mutants")
+        retests += forget(Path("mutants"), only or list(FOLDERS), UNDETECTED)
+        print(f"retesting {len(retests)} undetected mutants")
     if retry_timeouts:
-        print(f"retesting {forget(Path('mutants'), only or list(FOLDERS), {'timeout'})} timed-out mutants")
+        timed_out = forget(Path("mutants"), only or list(FOLDERS), {"timeout"})
+        retests += timed_out
+        print(f"retesting {len(timed_out)} timed-out mutants")
     names: list[str] = []
-    if sample:
-        generate_mutants(max_children)
+    if sample is not None:
+        # the retests, and a draw from the mutants never judged: together with the earlier draws still a
+        # uniform sample of each folder
         results = load_results(Path("mutants"))
-        names = [name for folder in only or list(FOLDERS)
-                 for name in sample_pending([n for n, (_, code) in results[folder].items() if code is None], sample)]
-        print(f"testing a uniform sample of {len(names)} mutants without a verdict")
+        retesting = set(retests)
+        drawn = [name for folder in only or list(FOLDERS)
+                 for name in sample_pending([n for n, (_, code) in results[folder].items()
+                                             if code is None and n not in retesting], sample)]
+        names = retests + drawn
+        print(f"testing a uniform draw of {len(drawn)} mutants without a verdict")
     elif only:
         names = pending_in(only, Path("mutants"))
-    if sample or only:
+    if sample is not None or only:
         if not names:
             print(f"nothing left to test in {', '.join(only or FOLDERS)}")
             return report(Path("mutants"))
@@ -323,9 +333,10 @@ def main(argv: list[str] | None = None) -> int:
                                  "machine times mutants out: mutmut's limit is wall-clock time)")
     run_parser.add_argument("--only", type=lambda v: v.split(","), default=[], metavar="FOLDER,...",
                             help=f"test only these of {', '.join(FOLDERS)}")
-    run_parser.add_argument("--sample", type=int, default=0, metavar="N",
-                            help="test N mutants drawn uniformly from each folder's mutants without a verdict "
-                                 "(the report's interval then estimates the folder's %% killed)")
+    run_parser.add_argument("--sample", type=int, default=None, metavar="N",
+                            help="test N mutants drawn uniformly from each folder's mutants without a verdict, and "
+                                 "with --retry-undetected/--retry-timeouts only those retests besides (the report's "
+                                 "interval then estimates the folder's %% killed)")
     sub.add_parser("report", help="write the report of the results so far")
     sub.add_parser("save", help=f"save the verdicts of mutants/ into {SAVED_RESULTS} (run does it when it ends)")
     args = parser.parse_args(argv)
@@ -337,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             print(f"error: unknown folder {', '.join(unknown)}; choose from {', '.join(FOLDERS)}", file=sys.stderr)
             return 2
-        if args.sample < 0:
+        if args.sample is not None and args.sample < 0:
             print(f"error: --sample must be a number of mutants (0 or more), got {args.sample}", file=sys.stderr)
             return 2
         return run(args.max_children, args.stop_after, args.retry_undetected, args.only, args.retry_timeouts,
