@@ -301,17 +301,19 @@ def run(max_children: int, stop_after: float | None, retry_undetected: bool, onl
     drop_stale_copies(Path("mutants"))
     # One thread per worker: the workers already fill the cores, and torch's pools must not oversubscribe.
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    # its own process group, so that stopping it also stops its forkserver and workers
     process = subprocess.Popen([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *names],
-                               env=env)
+                               env=env, start_new_session=True)
     try:
         process.wait(timeout=stop_after)
     except subprocess.TimeoutExpired:
-        # mutmut saves each result as it comes; SIGINT makes it stop its workers and exit cleanly.
-        process.send_signal(signal.SIGINT)
+        # mutmut writes each verdict as it comes, so stopping it loses only the mutants being tested. SIGTERM,
+        # not SIGINT: a run started in the background by a non-interactive shell ignores SIGINT.
+        os.killpg(process.pid, signal.SIGTERM)
         try:
             process.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         print(f"stopped after {stop_after:.0f} s; run again to continue", file=sys.stderr)
     print(f"saved {save_results(Path('mutants'), SAVED_RESULTS)} verdicts in {SAVED_RESULTS}")
