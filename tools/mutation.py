@@ -306,7 +306,7 @@ def run(max_children: int, stop_after: float | None, retry_undetected: bool, onl
                                env=env, start_new_session=True)
     try:
         process.wait(timeout=stop_after)
-    except subprocess.TimeoutExpired:
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):  # --stop-after, or Ctrl-C (not sent to its group)
         # mutmut writes each verdict as it comes, so stopping it loses only the mutants being tested. SIGTERM,
         # not SIGINT: a run started in the background by a non-interactive shell ignores SIGINT.
         os.killpg(process.pid, signal.SIGTERM)
@@ -315,7 +315,7 @@ def run(max_children: int, stop_after: float | None, retry_undetected: bool, onl
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-        print(f"stopped after {stop_after:.0f} s; run again to continue", file=sys.stderr)
+        print("stopped; run again to continue", file=sys.stderr)
     print(f"saved {save_results(Path('mutants'), SAVED_RESULTS)} verdicts in {SAVED_RESULTS}")
     return report(Path("mutants"))
 
