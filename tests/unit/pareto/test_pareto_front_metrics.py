@@ -217,3 +217,43 @@ def test_the_front_figure_draws_every_split_s_errors_labelled_by_lambda_one():
     assert ax.get_title() == "three" and not ax.texts
     plt.close(fig)
     assert front_plot(front, TASKS, PRIMARY, "png").startswith(b"\x89PNG")
+
+
+def test_fronts_with_the_same_grid_but_another_reference_point_are_not_averaged():
+    from mtlflow.core.errors import InvalidParameterError
+
+    prefs = torch.tensor([[0.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+    one = front_record(prefs, {"val": _points([(0.2, 0.8), (0.8, 0.2)])}, TASKS, PRIMARY, SPECS, REFERENCE)
+    moved = front_record(prefs, {"val": _points([(0.2, 0.8), (0.8, 0.2)])}, TASKS, PRIMARY, SPECS, [2.0, 2.0])
+    with pytest.raises(InvalidParameterError) as caught:
+        aggregate_fronts([one, moved], "val", TASKS, PRIMARY, SPECS)
+    assert str(caught.value) == ("the runs of one method were evaluated on different preference grids or reference "
+                                 "points; use the same eval_subdivisions for all of them")
+
+
+def test_the_front_figure_names_each_axis_s_own_primary_metric_and_colours_lines_by_split():
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+
+    from mtlflow.pareto.front import front_figure
+
+    primary = {"a": "loss", "b": "mse"}
+    specs = {"a": SPECS["a"], "b": {"mse": {"higher_is_better": False, "unit_interval": False}}}
+    prefs = torch.tensor([[0.2, 0.8], [0.8, 0.2]], dtype=torch.float64)
+    points = [{"a": {"loss": 0.2}, "b": {"mse": 0.8}}, {"a": {"loss": 0.7}, "b": {"mse": 0.1}}]
+    fig = front_figure(front_record(prefs, {"val": points}, TASKS, primary, specs, REFERENCE), TASKS, primary, "t")
+    assert (fig.axes[0].get_xlabel(), fig.axes[0].get_ylabel()) == ("a error (loss)", "b error (mse)")
+    plt.close(fig)
+
+    three = ["a", "b", "c"]
+    specs3 = {t: {"loss": {"higher_is_better": False, "unit_interval": False}} for t in three}
+    grid = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    points = [{"a": {"loss": 0.1 * i}, "b": {"loss": 0.2}, "c": {"loss": 0.3 + 0.1 * i}} for i in range(3)]
+    record = front_record(grid, {"val": points, "test": points}, three, {t: "loss" for t in three}, specs3,
+                          [1.0, 1.0, 1.0])
+    fig = front_figure(record, three, {t: "loss" for t in three}, "three")
+    lines = fig.axes[0].get_lines()
+    # three lines per split, each split in its own colour, its legend label on its first line
+    assert [to_rgba(line.get_color()) for line in lines] == [to_rgba("C0")] * 3 + [to_rgba("C1")] * 3
+    assert [not line.get_label().startswith("_") for line in lines] == [True, False, False] * 2
+    plt.close(fig)
