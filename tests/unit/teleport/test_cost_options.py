@@ -47,10 +47,23 @@ def test_gamma_zero_is_accepted_and_a_negative_gamma_is_refused_as_not_non_negat
     assert refusal({"gamma": -0.1}) == "COST option gamma must be a non-negative finite number, got -0.1"
 
 
+def test_zero_radius_and_zero_lr_are_refused_as_not_positive():
+    # unlike gamma, δ = 0 would perturb nothing (L_g = 0) and a zero learning rate would never move the adapter
+    assert refusal({"radius": 0}) == "COST option radius must be a positive finite number, got 0"
+    assert refusal({"lr": 0.0}) == "COST option lr must be a positive finite number, got 0.0"
+
+
+@pytest.mark.parametrize("rank", [2.5, True])
+def test_an_integer_option_refuses_a_float_and_a_bool_that_clear_its_lower_bound(rank):
+    # 2.5 >= 1 and True == 1 >= 1: only the type rules them out
+    assert refusal({"rank": rank}) == f"COST option rank must be an integer >= 1, got {rank!r}"
+
+
 @pytest.mark.parametrize("options, message", [
     ({"sharpness_gradient": "both"},
      "sharpness_gradient must be one of through-perturbations, unperturbed-only, got 'both'"),
     ({"invariance_target": "epoch"}, "invariance_target must be one of batch, mean, got 'epoch'"),
+    ({"adapter": "lokr"}, "adapter must be one of lora, loha, oft, got 'lokr'"),
     ({"max_per_epoch": -1}, "max_per_epoch must be an integer >= 0, got -1"),
     ({"batch_size": -1}, "batch_size must be an integer >= 0, got -1"),
     ({"perturbations": 0}, "perturbations must be an integer >= 1, got 0"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -103,7 +104,9 @@ def test_teleport_event_keys_and_values_match_the_gradients_and_the_optimizer(mu
     recorder = _Recorder()
     trainer.callbacks.append(recorder)
     conflicting = next(itertools.islice(trainer._loader(1), 3, None))  # its task gradients have cos ≈ -0.53
+    started = time.perf_counter()
     trainer.train_step(conflicting, 1)
+    elapsed = time.perf_counter() - started
     (event,) = trainer.callbacks[0]._events
     (trace,) = traces
     # metrics.json's cost.events schema (docs/research/cost.md; experiments/cost_ablation.py reads it)
@@ -120,6 +123,15 @@ def test_teleport_event_keys_and_values_match_the_gradients_and_the_optimizer(mu
     assert math.isclose(event["min_pairwise_cos_before"], _cosine(before[0], before[1]), rel_tol=1e-12)
     assert event["min_pairwise_cos_before"] < 0
     assert math.isclose(event["min_pairwise_cos_after"], _cosine(after[0], after[1]), rel_tol=1e-12)
+    # the gradient norms at the redone step, per task and of the mean gradient
+    names = list(event["losses_before"])
+    assert event["grad_norms_after"].keys() == set(names)
+    for name, g in zip(names, after):
+        assert math.isclose(event["grad_norms_after"][name], math.sqrt(float(g @ g)), rel_tol=1e-12)
+    mean = after.mean(dim=0)
+    assert math.isclose(event["mean_grad_norm_after"], math.sqrt(float(mean @ mean)), rel_tol=1e-12)
+    # the teleport's duration is part of the step's
+    assert 0.0 < event["seconds"] < elapsed
     # L_t and L_g at the first and the last of the 8 adapter steps; L_t = 0 at the start (LoRA's B = 0)
     assert event["adapter_steps"] == trace.steps == 8
     assert (event["invariance_first"], event["invariance_last"]) == (trace.invariance[0], trace.invariance[-1])
@@ -155,6 +167,29 @@ def test_invariance_targets_are_the_trigger_batch_losses_in_the_variants_mode(ev
     trainer.train_step(batch, 1)
     (problem,) = problems
     torch.testing.assert_close(problem.targets, expected.unsqueeze(0), rtol=1e-12, atol=0.0)
+
+
+def test_mean_invariance_target_is_each_tasks_loss_averaged_over_the_teleport_batches():
+    # the released code's L* (invariance_target="mean"): one row [1, K], the per-task mean of the K losses of
+    # each of the teleport's batches, computed here on the model without adapters (LoRA starts at B = 0)
+    model = _tiny_model().double()
+    adapted = adapters.inject(model, model.shared_parameters(), "lora", 2)
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(8, 4, generator=g, dtype=torch.float64),
+             [torch.randn(8, 1, generator=g, dtype=torch.float64) for _ in range(2)]) for _ in range(3)]
+
+    def task_losses(preds, targets):
+        return [((p - t) ** 2).mean() for p, t in zip(preds, targets)]
+
+    trainer = SimpleNamespace(device=torch.device("cpu"), config=SimpleNamespace(amp="none"),
+                              inputs_targets=lambda batch: batch, task_losses=task_losses)
+    batches = SimpleNamespace(n=3, get=lambda index: data[index])
+    stats = gradient_stats(torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=torch.float64))
+    problem = CostTeleport({"invariance_target": "mean"})._problem(trainer, adapted, batches, stats)
+    with torch.no_grad():
+        per_batch = [[float(loss) for loss in task_losses(model(x), y)] for x, y in data]
+    expected = [[sum(row[i] for row in per_batch) / 3 for i in range(2)]]
+    torch.testing.assert_close(problem.targets, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=0.0)
 
 
 def test_adapter_objective_is_weighted_invariance_minus_gamma_times_sharpness():
