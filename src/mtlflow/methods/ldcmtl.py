@@ -397,8 +397,9 @@ class LDCMTL(LossWeighting):
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         router = self.router
+        # no router kind: it is the ``router`` hyper-parameter, which a resume must keep (the config fingerprint)
         return {
-            "router": None if router is None else {"kind": router.kind, "in_features": router.in_features,
+            "router": None if router is None else {"in_features": router.in_features,
                                                    "weights": {k: v.detach().clone()
                                                                for k, v in router.state_dict().items()}},
             "optimizer": None if self.router_optimizer is None else self.router_optimizer.state_dict(),

@@ -289,6 +289,28 @@ def test_mlp_router_restored_into_a_fresh_method_continues_exactly() -> None:
         assert torch.equal(a, b), name
 
 
+def test_mlp_router_starts_from_the_run_seed_alone() -> None:
+    """The MLP router is drawn from a private generator seeded by the run seed: the same seed gives the same
+    router whatever the global generator's state (which it leaves as it was), and seed replicates start from
+    different routers."""
+    features, losses = torch.randn(4, 12, generator=torch.Generator().manual_seed(0)), torch.tensor([0.9, 0.3])
+
+    def initial_router(seed: int, global_seed: int) -> dict[str, torch.Tensor]:
+        method = mlp_method(seed)
+        torch.manual_seed(global_seed)
+        method.before_backward(StepContext(step=0, epoch=1, losses=losses, recompute_losses=lambda: losses,
+                                           extra={"features": features}))
+        assert torch.equal(torch.rand(3), torch.rand(3, generator=torch.Generator().manual_seed(global_seed)))
+        return method.router.state_dict()
+
+    routers = [initial_router(seed, global_seed=seed + 100) for seed in range(4)]
+    again = initial_router(0, global_seed=7)
+    assert all(torch.equal(again[k], routers[0][k]) for k in again)
+    for i in range(4):
+        for j in range(i):
+            assert not torch.equal(routers[i]["mlp.0.weight"], routers[j]["mlp.0.weight"]), (i, j)
+
+
 @pytest.mark.parametrize("name,paper_count", [("cityscapes", 10_402), ("nyuv2", 23_184)])
 def test_mlp_router_on_the_shipped_mtan_models_has_the_papers_parameter_count(name: str, paper_count: int) -> None:
     """App. A.1: the MLP router has 10,402 (CityScapes) / 23,184 (NYU-v2) parameters; built by the

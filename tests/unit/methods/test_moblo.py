@@ -1,10 +1,11 @@
 """MOML and FORUM (Ye, PhD thesis ch. 3): hypergradients against finite differences, FORUM's QP (Eq. 3.29)
-against its KKT conditions and CVXPY, the method-owned samplers, the shared hyper-parameters, the
-sample-weights objective, FORUM's normalised upper-level gradients, the step the callbacks see, and bad
-input."""
+against its KKT conditions and CVXPY, the method-owned samplers, the shared hyper-parameters, the task- and
+sample-weights objectives, FORUM's normalised upper-level gradients, momentum and ∇_α q̃, the step the
+callbacks see, and bad input."""
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,6 +29,7 @@ from mtlflow.methods._moblo import (
     build_upper_level,
     common_hparams,
 )
+from mtlflow.methods import forum as forum_module
 from mtlflow.methods.forum import FORUM, forum_nu, forum_qp
 from mtlflow.methods.moml import unrolled_hypergradients
 
@@ -139,6 +141,28 @@ def test_forum_nu_uses_the_proofs_rho_and_qp_falls_back_when_q_is_stationary() -
     torch.testing.assert_close(sol.lam, methods.get("mgda")(2).weights_from_gramian(flat[:2, :2], torch.ones(2)))
 
 
+def test_forum_qp_lambda_is_the_solvers_lambda_renormalised_onto_the_simplex(monkeypatch: pytest.MonkeyPatch) -> None:
+    """quadprog meets Σλ = 1 only to ~1e-7 on this 5-task Gram matrix; forum_qp returns its clipped λ divided by
+    its sum, so λ is on the simplex to rounding."""
+    import quadprog
+
+    raw: list[np.ndarray] = []
+    solve = quadprog.solve_qp
+
+    def spy(*args, **kwargs):
+        solution = solve(*args, **kwargs)
+        raw.append(solution[0].copy())
+        return solution
+
+    monkeypatch.setattr(quadprog, "solve_qp", spy)
+    gram, _ = random_gram(141, 5, aligned=True)
+    lam = forum_qp(gram, 0.1).lam.numpy()
+    solver_lam = np.clip(raw[0][:5], 0.0, None)
+    assert abs(solver_lam.sum() - 1.0) > 1e-8                          # the case needs the renormalisation
+    np.testing.assert_allclose(lam, solver_lam / solver_lam.sum(), rtol=1e-15, atol=0.0)
+    assert abs(lam.sum() - 1.0) <= 1e-15
+
+
 def test_split_sampler_cycles_permutations_and_resumes_exactly() -> None:
     a = SplitSampler("forum/upper")
     a.reseed(3)
@@ -185,6 +209,21 @@ def test_upper_step_moves_the_task_weights_against_the_hypergradient(optimizer: 
     state.optimizer = build_outer_optimizer({"outer_optimizer": optimizer, "outer_lr": 0.1}, state.upper.variable)
     state.step_upper(torch.tensor([1.0, -1.0], dtype=torch.float64))
     np.testing.assert_allclose(state.upper.variable.detach().numpy(), expected, atol=1e-7)
+
+
+def test_task_weights_are_the_variable_under_projection_and_its_softmax_under_softmax() -> None:
+    """α of the LL objective f = Σ α_i L_i: the variable itself with ``simplex=projection``, softmax(logits)
+    with ``simplex=softmax`` (logits (0, ln 3) give α = (¼, ¾)); ``weights_summary`` reports that α."""
+    losses = torch.tensor([2.0, 4.0], dtype=torch.float64)
+    model = SimpleNamespace(task_losses=lambda preds, targets: losses)
+    for simplex, variable, alpha in [("projection", [0.3, 0.7], [0.3, 0.7]),
+                                     ("softmax", [0.0, math.log(3.0)], [0.25, 0.75])]:
+        upper_level = TaskWeights(2, simplex, torch.device("cpu"))
+        with torch.no_grad():
+            upper_level.variable.copy_(torch.tensor(variable, dtype=torch.float64))
+        objective = upper_level.lower_objective(upper_level.variable, model, None, None)
+        assert float(objective) == pytest.approx(2.0 * alpha[0] + 4.0 * alpha[1], rel=1e-12), simplex
+        np.testing.assert_allclose(upper_level.weights_summary().numpy(), alpha, rtol=1e-12)
 
 
 def test_forum_lower_level_step_follows_the_thesis_per_benchmark() -> None:
@@ -279,14 +318,16 @@ def _trainer(bench, data, tmp_path: Path, method: str, hparams: dict, callbacks:
 def test_the_callbacks_of_a_bilevel_step_see_the_trainers_step_and_epoch(name: str, multimnist_small: Path,
                                                                           tmp_path: Path) -> None:
     """MOML and FORUM own their step; the state they hand the step rules carries the trainer's step number
-    (0, then 1) and the epoch it was called with."""
+    (0, then 1), the epoch it was called with and the step's batch."""
 
     class StepLog(Callback):
         def __init__(self) -> None:
             self.seen: list[tuple[int, int]] = []
+            self.batches: list = []
 
         def before_optimizer_step(self, trainer, state) -> None:
             self.seen.append((state.epoch, state.step))
+            self.batches.append(state.batch)
 
     torch.set_num_threads(1)
     bench, data = jobs.load_prepared(multimnist_small)
@@ -296,6 +337,7 @@ def test_the_callbacks_of_a_bilevel_step_see_the_trainers_step_and_epoch(name: s
     trainer.train_step(batch, 3)
     trainer.train_step(batch, 3)
     assert log.seen == [(3, 0), (3, 1)]
+    assert len(log.batches) == 2 and all(seen is batch for seen in log.batches)
 
 
 def test_forum_normalize_upper_grads_gives_the_qp_unit_validation_gradients(multimnist_small: Path, tmp_path: Path,
@@ -319,3 +361,67 @@ def test_forum_normalize_upper_grads_gives_the_qp_unit_validation_gradients(mult
     raw, normalized = seen
     assert raw.shape[0] == 2 and raw.shape[1] > 2
     torch.testing.assert_close(normalized, raw / raw.norm(dim=1, keepdim=True), rtol=1e-5, atol=1e-7)
+
+
+def test_forum_momentum_starts_at_the_first_qp_solution_and_follows_eq_3_30(multimnist_small: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eq. 3.30: λ̃^k = (1 − β_k) λ̃^{k−1} + β_k λ^k with β_k = (k + 1)^{-3/4} from k = 0, so β_0 = 1 (λ̃^0 = λ^0,
+    the 1/K start drops out) and λ̃^1 = (1 − 2^{-3/4}) λ^0 + 2^{-3/4} λ^1, against the QP's own λ^k."""
+    solutions: list[torch.Tensor] = []
+
+    def spy(gram, rho):
+        solution = forum_qp(gram, rho)
+        solutions.append(solution.lam.clone())
+        return solution
+
+    monkeypatch.setattr(forum_module, "forum_qp", spy)
+    torch.set_num_threads(1)
+    bench, data = jobs.load_prepared(multimnist_small)
+    trainer = _trainer(bench, data, tmp_path, "forum", {"inner_steps": 1})
+    batch = next(iter(trainer._loader(1)))
+    trainer.train_step(batch, 1)
+    torch.testing.assert_close(trainer.method.lam_tilde, solutions[0], rtol=0.0, atol=1e-15)
+    trainer.train_step(batch, 1)
+    beta = 2.0 ** -0.75
+    torch.testing.assert_close(trainer.method.lam_tilde, (1 - beta) * solutions[0] + beta * solutions[1],
+                               rtol=0.0, atol=1e-15)
+    assert trainer.method.iteration == 2
+
+
+def test_forum_constraint_gradient_in_alpha_is_the_loss_drop_of_the_inner_steps(
+        multimnist_small: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Algorithm 2, step 9, for task weights: ∇_α q̃ = ∇_α f(α, ω_k) − ∇_α f(α, ω̃^T) = L(ω_k) − L(ω̃^T), the
+    training losses before and after the T inner SGD steps; here T = 1 from α = (½, ½), written out on a copy
+    of the model."""
+    seen: list[torch.Tensor] = []
+    gram = FORUM._gram
+
+    def spy(upper_grads, f_omega, q_alpha):
+        seen.append(q_alpha.detach().clone())
+        return gram(upper_grads, f_omega, q_alpha)
+
+    monkeypatch.setattr(FORUM, "_gram", staticmethod(spy))
+    torch.set_num_threads(1)
+    bench, data = jobs.load_prepared(multimnist_small)
+    inner_lr = 0.5
+    trainer = _trainer(bench, data, tmp_path, "forum", {"inner_steps": 1, "inner_lr": inner_lr})
+    batch = next(iter(trainer._loader(1)))
+    twin = copy.deepcopy(trainer.model).train()
+    inputs, targets = bench.unpack(batch)
+
+    def losses() -> torch.Tensor:
+        preds = twin(inputs)
+        return torch.stack([task.loss(pred, targets[idx])
+                            for task, pred, idx in zip(trainer.tasks, preds, trainer.task_index)])
+
+    before = losses()
+    params = [p for p in twin.parameters() if p.requires_grad]
+    grads = torch.autograd.grad((0.5 * before).sum(), params)
+    with torch.no_grad():
+        for p, g in zip(params, grads):
+            p.sub_(inner_lr * g)
+        after = losses()
+    trainer.train_step(batch, 1)
+    expected = (before.detach() - after).to(torch.float64)
+    assert float(expected.abs().min()) > 1e-3                         # the inner step changed both losses
+    torch.testing.assert_close(seen[0], expected, rtol=1e-4, atol=1e-6)

@@ -1,5 +1,5 @@
 """PaLoRA as a method, without training: when the front is evaluated, and what Pareto expansion's
-``init_from`` refuses (with the exact one-line messages the user sees)."""
+``init_from`` and a step before setup refuse (with the exact one-line messages the user sees)."""
 
 from __future__ import annotations
 
@@ -51,3 +51,19 @@ def test_init_from_a_model_of_other_shapes_names_the_benchmark_configuration(tmp
         method.setup(_expansion_trainer())
     assert str(error.value) == (f"init_from: {path} does not fit this model (different benchmark options?); "
                                 "use the benchmark configuration it was trained with")
+
+
+def test_init_from_a_model_of_other_tasks_names_both_task_lists(tmp_path: Path) -> None:
+    path = tmp_path / "model.pt"
+    torch.save({**_single_point_blob(nn.Linear(2, 2).state_dict()), "tasks": ["left", "up"]}, path)
+    method = methods.build("palora", 2, init_from=str(path))
+    with pytest.raises(InvalidParameterError) as error:
+        method.setup(_expansion_trainer())
+    assert str(error.value) == (f"init_from: {path} is a b model of tasks ['left', 'up']; expansion needs a b "
+                                "model of ['left', 'right']")
+
+
+def test_a_training_step_before_setup_is_refused_in_one_line() -> None:
+    with pytest.raises(RuntimeError) as error:
+        methods.build("palora", 2).training_step(None, None, 1)
+    assert str(error.value) == "palora: setup(trainer) must run before training_step"
