@@ -109,8 +109,9 @@ def cccp_start(c: np.ndarray, warm: np.ndarray | None, tol: float) -> np.ndarray
         return None
     start = next((x for x in (warm, np.ones(k)) if x is not None and _valid_linearisation_point(c, x)), None)
     if start is None:
-        # (C(w + s1))_i ≥ min(Cw) - s max|C1| > 0 for the shift s below
-        start = w + min(0.5 * margin / max(float(np.abs(c.sum(axis=1)).max()), 1e-300), 1.0 / k)
+        # (C(w + s1))_i ≥ min(Cw) - s max|C1| > 0 for the shift s below; max|C1| ≥ 1ᵀC1/K ≥ K wᵀCw ≥ K·margin > 0
+        # (w minimises wᵀCw over the simplex, and min(Cw) ≤ wᵀCw), so the quotient is finite
+        start = w + min(0.5 * margin / float(np.abs(c.sum(axis=1)).max()), 1.0 / k)
         if not _valid_linearisation_point(c, start):
             return None
     # Scale onto the constraint boundary, min_i α_i (Cα)_i = 1: the magnitude of the solution changes

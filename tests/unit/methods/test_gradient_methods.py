@@ -245,6 +245,24 @@ def test_excessmtl_warmup_epochs_average_the_baseline() -> None:
     torch.testing.assert_close(method.last_weights, torch.softmax(estimates[2] / baseline, dim=0))
 
 
+def test_excessmtl_warmup_lasts_warmup_epochs_epochs() -> None:
+    method = methods.build("excessmtl", 2, warmup_epochs=2, robust_step_size=1.0)
+    grads = [jacobian(95 + i, 2, 6) for i in range(3)]
+    for epoch, g in enumerate(grads[:2]):     # one step per epoch: both epochs are warm-up
+        method.combine(g, torch.ones(2, dtype=torch.float64))
+        torch.testing.assert_close(method.last_weights, torch.full((2,), 0.5, dtype=torch.float64))
+        method.on_epoch_end(epoch)
+    assert method.state_dict()["epochs_done"] == 2
+    method.combine(grads[2], torch.ones(2, dtype=torch.float64))
+    s = torch.zeros(2, 6, dtype=torch.float64)
+    estimates = []
+    for g in grads:
+        s = s + g ** 2
+        estimates.append((g ** 2 / torch.sqrt(s + 1e-7)).sum(dim=1))
+    baseline = (estimates[0] + estimates[1]) / 2
+    torch.testing.assert_close(method.last_weights, torch.softmax(estimates[2] / baseline, dim=0))
+
+
 # -- the family contract -----------------------------------------------------------------------------
 
 

@@ -578,8 +578,30 @@ def test_cagrad_uncertified_solve_raises(monkeypatch: pytest.MonkeyPatch) -> Non
 
     # a dual solver that stops at the start point: the duality-gap certificate must catch it
     monkeypatch.setattr(cagrad, "slsqp_dual", lambda a, radius: np.full(a.shape[0], 1.0 / a.shape[0]))
-    with pytest.raises(SolverError, match="duality gap"):
-        direction("cagrad", jacobian(13, 3, 2) * torch.tensor([[1.0], [-1.0], [0.2]], dtype=torch.float64))
+    j = jacobian(13, 3, 2) * torch.tensor([[1.0], [-1.0], [0.2]], dtype=torch.float64)
+    with pytest.raises(SolverError) as error:
+        direction("cagrad", j)
+    # at w = b (Gramian A divided by max_i ‖g_i‖²): F(b) = (1 + c) bᵀAb and the weights are (1 + c) b,
+    # so the gap is (1 + c) (bᵀAb − min_i (Ab)_i)
+    a = (j @ j.T).numpy()
+    a = a / a.diagonal().max()
+    gap = 1.4 * (a.mean() - a.mean(axis=1).min())
+    assert str(error.value) == (f"cagrad: the dual solve is {gap:.2g} (relative duality gap) away from the optimum; "
+                                "the task gradients may be degenerate")
+
+
+def test_cagrad_dual_solve_at_an_optimal_kink_returns_it_silently() -> None:
+    import warnings
+
+    from mtlflow.methods.cagrad import slsqp_dual
+
+    # g_1 + g_2 = 0 and g_3 + g_4 = 0: at the start w = b, g_w = 0, where F(w) = wᵀAb + r‖g_w‖ = r‖g_w‖
+    # is not differentiable and minimal (F ≥ 0 = F(b)); its gradient there is the subgradient Ab = 0
+    g = np.array([[1.0, 0.0], [-1.0, 0.0], [0.0, 2.0], [0.0, -2.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")        # no division by ‖g_w‖ = 0
+        w = slsqp_dual(g @ g.T / 4.0, 0.4)
+    np.testing.assert_array_equal(w, np.full(4, 0.25))
 
 
 def test_cagrad_matches_torchjd() -> None:
@@ -667,6 +689,22 @@ def test_nashmtl_pareto_stationary_gradients_use_min_norm_weights() -> None:
         assert method.stationary_steps == 1 and float(d.norm()) <= 1e-8
 
 
+def test_nashmtl_start_falls_back_to_the_shifted_min_norm_weights() -> None:
+    # unit gradients at 0°, 20° and 140°: (C1)_3 ∝ 1 + cos 140° + cos 120° < 0, so ones is no linearisation
+    # point; the min-norm point is the midpoint of u_1 and u_3 (⟨u_2, mid⟩ > ‖mid‖²): w = (1/2, 0, 1/2)
+    angles = np.deg2rad([0.0, 20.0, 140.0])
+    u = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    frobenius = float(np.linalg.norm(u @ u.T))
+    c = u @ u.T / frobenius
+    margin = (1.0 + np.cos(angles[2])) / 2.0 / frobenius                          # min_i (Cw)_i, at i = 1, 3
+    max_row_sum = (1.0 + np.cos(angles[1]) + np.cos(angles[2] - angles[1])) / frobenius   # (C1)_2
+    shift = 0.5 * margin / max_row_sum
+    assert shift < 1.0 / 3.0
+    start = np.array([0.5, 0.0, 0.5]) + shift
+    expected = start / np.sqrt(np.min(start * (c @ start)))       # on the boundary min_i α_i (Cα)_i = 1
+    np.testing.assert_allclose(cccp_start(c, None, CONIC_STATIONARITY_TOL), expected, rtol=1e-7)
+
+
 @pytest.mark.parametrize("niter", [1, 2, 3])
 def test_nashmtl_runs_optim_niter_cccp_steps_when_it_does_not_converge(niter: int) -> None:
     grads = jacobian(2, 3, 10)
@@ -737,6 +775,30 @@ def test_a_non_optimal_status_raises() -> None:
     infeasible = cp.Problem(cp.Minimize(x), [x >= 1, x <= 0])
     with pytest.raises(SolverError, match="status 'infeasible'"):
         solve_checked(infeasible, "CLARABEL", "nashmtl")
+
+
+def test_a_failing_cccp_solve_raises_one_clear_error_naming_nashmtl(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cvxpy as cp
+
+    def fail(problem: Any, **options: Any) -> None:
+        raise cp.error.SolverError("Solver 'CLARABEL' failed.")
+
+    monkeypatch.setattr(cp.Problem, "solve", fail)
+    with pytest.raises(SolverError) as error:
+        methods.build("nashmtl", 3).weights_from_gramian(torch.from_numpy(gramian(jacobian(2, 3, 10))),
+                                                         torch.ones(3, dtype=torch.float64))
+    assert str(error.value) == ("nashmtl: the CLARABEL solve failed (Solver 'CLARABEL' failed.); the task gradients "
+                                "may be degenerate (zero, NaN or linearly dependent)")
+
+
+def test_a_non_finite_gramian_raises_one_clear_error_naming_nashmtl() -> None:
+    from mtlflow.core.errors import NonFiniteValueError
+
+    m = torch.tensor([[1.0, float("nan")], [float("nan"), 1.0]], dtype=torch.float64)
+    with pytest.raises(NonFiniteValueError) as error:
+        methods.build("nashmtl", 2).weights_from_gramian(m, torch.ones(2, dtype=torch.float64))
+    assert str(error.value) == ("nashmtl: the task-gradient Gramian contains NaN or Inf; check the losses and "
+                                "lower --lr")
 
 
 def test_nashmtl_against_torchjd_when_ecos_is_available() -> None:

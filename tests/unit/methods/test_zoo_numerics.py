@@ -244,6 +244,34 @@ def test_upgrad_survives_a_duplicate_task() -> None:
         combine("upgrad", torch.from_numpy(j), solver="quadprog", reg_eps=0.0)
 
 
+def test_upgrad_gives_a_zero_gradient_task_weight_zero_and_projects_the_others() -> None:
+    rng = np.random.default_rng(3)
+    j = rng.standard_normal((4, 6))
+    j[1] = 0.0                      # a task whose gradient vanishes: it constrains nothing
+    j[3] = -1.5 * j[0] + 0.3 * j[2]   # conflicts with the first task
+    d, method = combine("upgrad", torch.from_numpy(j))
+    assert method.last_weights[1] == 0
+    np.testing.assert_allclose(d.numpy(), mean_projection_onto_dual_cone(j), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("name,expected", [
+    # g1 = (1, 0), g3 = (0, 2) are orthogonal: UPGrad keeps the mean, IMTL-G gives d·u1 = d·u3 (2/3, 1/3)
+    ("upgrad", [1 / 3, 0.0, 1 / 3]),
+    ("imtlg", [2 / 3, 0.0, 1 / 3]),
+])
+def test_a_zero_gradient_whose_gramian_diagonal_rounds_negative_gets_weight_zero_silently(
+        name: str, expected: list) -> None:
+    import warnings
+
+    # a handed-over Gramian (TorchJD's autogram engine) is accepted when its eigenvalues are ≥ -1e-13·λmax,
+    # so a zero gradient's diagonal entry may round to a tiny negative number
+    gramian = torch.tensor([[1.0, 0.0, 0.0], [0.0, -1e-20, 0.0], [0.0, 0.0, 4.0]], dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")        # no "invalid value encountered in sqrt"
+        weights = methods.build(name, 3).weights_from_gramian(gramian, torch.ones(3, dtype=torch.float64))
+    np.testing.assert_allclose(weights.numpy(), expected, rtol=1e-12, atol=0)
+
+
 # -- scale convention -------------------------------------------------------------------------------
 
 def test_loss_weights_summing_to_one_follow_the_mean_scale_rule() -> None:
