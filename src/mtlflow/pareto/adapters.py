@@ -142,8 +142,8 @@ def select_layers(model: nn.Module, layers: str = "trunk") -> list[str]:
     if choice == "trunk" and not isinstance(getattr(model, "trunk", None), nn.Module):
         raise InvalidParameterError("the model has no shared `trunk` module to put adapters on; give "
                                     "layers=all or module names")
-    patterns = ["trunk"] if choice == "trunk" else [""] if choice == "all" else \
-        [p.strip() for p in choice.split(",") if p.strip()]
+    # "trunk" is its own one-name list: the names under the module `trunk`
+    patterns = [""] if choice == "all" else [p.strip() for p in choice.split(",") if p.strip()]
 
     def under(name: str, pattern: str) -> bool:
         return pattern == "" or name == pattern or name.startswith(pattern + ".")

@@ -13,7 +13,8 @@ from torch.nn.utils import parametrize
 
 from mtlflow import benchmarks
 from mtlflow.core.errors import InvalidParameterError
-from mtlflow.pareto.adapters import AdapterSpec, PreferenceAdapters, parameter_overhead
+from mtlflow.models.base import MultiTaskModel
+from mtlflow.pareto.adapters import AdapterSpec, PreferenceAdapters, factor_shapes, parameter_overhead, select_layers
 
 
 def _randomise(adapters: PreferenceAdapters, seed: int = 0) -> None:
@@ -244,3 +245,62 @@ def test_overheads_on_the_benchmarks():
     nyu = benchmarks.build("nyuv2", model="segnet").make_model()
     assert round(parameter_overhead(nyu, 3, 4, "all", "kernel")["overhead_percent"], 1) == 6.3
     assert round(parameter_overhead(nyu, 3, 4)["overhead_percent"], 2) == 3.41
+
+
+class _Halve(nn.Module):
+    def forward(self, value):
+        return value / 2
+
+
+class _PerTaskTrunk(MultiTaskModel):
+    """trunk.0 shared, trunk.1.<i> task i's own trunk layer (like SegNet-MTAN's attention masks), one head each."""
+
+    def __init__(self):
+        trunk = nn.Sequential(nn.Linear(4, 4), nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)]))
+        super().__init__(trunk, [nn.Linear(4, 1), nn.Linear(4, 1)], ["a", "b"])
+
+    def trunk_task_parameters(self, index):
+        return list(self.trunk[1][index].parameters())
+
+
+def test_layer_selection_by_name_set_or_comma_separated_names():
+    model = _PerTaskTrunk()
+    # the default "trunk" is the layers every task shares: neither a task's own trunk layers nor the heads
+    assert select_layers(model) == ["trunk.0"]
+    assert select_layers(model, "all") == ["trunk.0", "trunk.1.0", "trunk.1.1", "heads.0", "heads.1"]
+    # names in the model's order, whatever order they are given in; a name selects the layers below it
+    assert select_layers(model, " heads.1 , trunk.1") == ["trunk.1.0", "trunk.1.1", "heads.1"]
+    plain = nn.Sequential(nn.Linear(3, 2))
+    assert select_layers(plain, "all") == ["0"]
+    with pytest.raises(InvalidParameterError) as error:
+        select_layers(plain, "trunk")
+    assert str(error.value) == ("the model has no shared `trunk` module to put adapters on; give layers=all or "
+                                "module names")
+
+
+def test_a_task_s_own_trunk_layer_stays_out_of_the_trunk_when_parametrised():
+    # ownership is read from the stored parameter: a parametrised weight is computed on access, the
+    # parametrisation's `original` is what trunk_task_parameters lists
+    model = _PerTaskTrunk()
+    parametrize.register_parametrization(model.trunk[1][0], "weight", _Halve())
+    parametrize.register_parametrization(model.trunk[1][1], "bias", _Halve())  # weight left plain
+    parametrize.register_parametrization(model.trunk[0], "weight", _Halve())
+    assert select_layers(model, "trunk") == ["trunk.0"]
+
+
+def test_factor_shapes_default_to_the_matrix_factorisation():
+    # A_t ∈ R^{n×r}, B_t ∈ R^{r×m} for a Linear(m=6 -> n=4) at r = 2
+    assert factor_shapes(nn.Linear(6, 4), 2) == ((4, 2), (2, 6))
+
+
+def test_kernel_factorisation_of_a_non_square_kernel_is_refused_with_the_alternative():
+    with pytest.raises(InvalidParameterError) as error:
+        factor_shapes(nn.Conv2d(3, 5, (3, 1)), 1, "kernel")
+    assert str(error.value) == ("factorization 'kernel' needs square kernels, Conv2d(3, 5, kernel_size=(3, 1), "
+                                "stride=(1, 1)) has 3x1; use factorization=matrix")
+
+
+def test_an_unknown_factorisation_is_refused_with_the_valid_ones():
+    with pytest.raises(InvalidParameterError) as error:
+        factor_shapes(nn.Linear(3, 2), 1, "tucker")
+    assert str(error.value) == "unknown adapter factorization 'tucker'; valid: matrix, kernel"

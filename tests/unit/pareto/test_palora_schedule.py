@@ -167,3 +167,26 @@ def test_palora_checkpoint_keeps_the_schedule_horizon():
     resumed.load_state_dict(method.state_dict())
     assert resumed.total_steps == 120
     assert resumed.progress(60) == method.progress(60) == pytest.approx(60 / 119)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: simplex_grid(1, 3), "a preference simplex needs at least 2 tasks, got 1"),
+    (lambda: simplex_grid(3, 0), "a simplex grid needs at least 1 subdivision, got 0"),
+    (lambda: PreferenceSchedule("cosine", 2, 5),
+     "unknown preference schedule 'cosine'; valid: annealed, annealed-eq3, deterministic, dirichlet, "
+     "dirichlet-annealed"),
+    (lambda: PreferenceSchedule("dirichlet", 2, 0), "the number of rays must be >= 1, got 0"),
+])
+def test_invalid_grids_and_schedules_are_refused_with_one_clear_line(call, message):
+    with pytest.raises(InvalidParameterError) as error:
+        call()
+    assert str(error.value) == message
+
+
+def test_only_grid_schedules_have_a_grid():
+    for kind in ("dirichlet", "dirichlet-annealed"):
+        sched = PreferenceSchedule(kind, 3, 4)
+        assert sched.grid is None and sched.random
+    for kind in ("annealed", "annealed-eq3", "deterministic"):
+        sched = PreferenceSchedule(kind, 3, 10)
+        assert torch.equal(sched.grid, simplex_grid(3, 3)) and not sched.random
