@@ -257,3 +257,21 @@ def test_the_front_figure_names_each_axis_s_own_primary_metric_and_colours_lines
     assert [to_rgba(line.get_color()) for line in lines] == [to_rgba("C0")] * 3 + [to_rgba("C1")] * 3
     assert [not line.get_label().startswith("_") for line in lines] == [True, False, False] * 2
     plt.close(fig)
+
+
+def test_the_front_record_names_its_objective_and_rounds_the_grid_to_twelve_digits():
+    from mtlflow.pareto.front import OBJECTIVE
+
+    prefs = torch.tensor([[1 / 3, 2 / 3], [2 / 3, 1 / 3]], dtype=torch.float64)
+    record = front_record(prefs, {"val": _points([(0.2, 0.8), (0.8, 0.2)])}, TASKS, PRIMARY, SPECS, REFERENCE)
+    assert set(record) == {"preferences", "reference_point", "objective", "splits"}
+    assert record["objective"] == OBJECTIVE
+    # twelve digits: a grid read back from JSON compares equal to the same grid rebuilt in another process
+    assert record["preferences"] == [[0.333333333333, 0.666666666667], [0.666666666667, 0.333333333333]]
+
+
+def test_vectors_exactly_the_tolerance_apart_are_one_point():
+    from mtlflow.pareto.front import distinct_count
+
+    assert distinct_count([[0.0, 0.0], [0.25, 0.0]], tol=0.25) == 1  # |a - b| = tol, exact in binary
+    assert distinct_count([[0.0, 0.0], [0.5, 0.0]], tol=0.25) == 2
