@@ -191,7 +191,7 @@ class Trainer:
         to gradients w.r.t. the shared parameters only; the other modes ignore it.
         """
         method, cfg = self.method, self.config
-        backend = resolve_backend(cfg.grad_backend, self.device)
+        backend = resolve_backend(cfg.grad_backend)
         jacobian_callbacks = [cb.name for cb in self.callbacks if cb.needs_jacobian]
         if method.custom_step:
             return "custom", None

@@ -347,7 +347,7 @@ def _run_bench(out_dir: str | Path, methods: Sequence[str], task_counts: Sequenc
         "setting": {"task_counts": [r for r in counts], "batch_size": batch_size, "width": width,
                     "image_size": image_size, "steps": steps, "warmup": warmup, "device": resolved_device,
                     "threads": torch.get_num_threads(), "torch": torch.__version__,
-                    "auto_backend": resolve_backend("auto", resolved_device)},
+                    "auto_backend": resolve_backend("auto")},
         "methods": results,
         "engine": engine,
     }

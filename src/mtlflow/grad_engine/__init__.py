@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
 from torch import Tensor
 
 from mtlflow.core.errors import UnknownNameError
@@ -58,8 +57,8 @@ BACKENDS: tuple[str, ...] = ("auto", *JACOBIAN_BACKENDS, *GRAMIAN_BACKENDS)
 GRAD_WRT: tuple[str, ...] = ("parameters", "representation")
 
 
-def resolve_backend(name: str, device: torch.device | str = "cpu") -> str:
-    """The concrete backend ``name`` stands for on ``device`` (``auto`` -> ``loop``, see module doc)."""
+def resolve_backend(name: str) -> str:
+    """The concrete backend ``name`` stands for (``auto`` -> ``loop`` on every device, see module doc)."""
     if name not in BACKENDS:
         raise UnknownNameError("gradient backend", name, list(BACKENDS))
     return "loop" if name == "auto" else name

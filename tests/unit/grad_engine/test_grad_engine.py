@@ -314,7 +314,7 @@ def test_reuse_step_back_propagates_the_reused_weights(test_methods: Any, multim
 
 
 def test_backend_selection_errors(test_methods: Any) -> None:
-    assert resolve_backend("auto", "cpu") == "loop"
+    assert resolve_backend("auto") == "loop"
     with pytest.raises(UnknownNameError, match="valid gradient backends: auto, loop, batched, func, autojac, autogram"):
         resolve_backend("vmap")
     with pytest.raises(InvalidParameterError, match="unknown gradient backend 'vmap'; valid gradient backends: auto"):
@@ -337,3 +337,23 @@ def test_cli_rejects_unknown_backend_before_preparing_data(tmp_path: Path) -> No
     assert stderr_lines(proc) == ["mtlflow: error: unknown gradient backend 'vmap'; valid gradient backends: "
                                   "auto, loop, batched, func, autojac, autogram"]
     assert not (tmp_path / "cache").exists()
+
+
+def test_gradients_accumulate_into_existing_grads_and_skip_parameters_without_one():
+    from mtlflow.grad_engine._flat import accumulate_grads
+
+    first, second, third = (torch.nn.Parameter(torch.zeros(2)) for _ in range(3))
+    first.grad = torch.tensor([1.0, 2.0])
+    accumulate_grads([first, second, third], [torch.tensor([0.5, 0.5]), None, torch.tensor([3.0, 4.0])])
+    assert torch.equal(first.grad, torch.tensor([1.5, 2.5]))  # added to the existing gradient
+    assert second.grad is None  # no gradient: left alone, and the later parameters still get theirs
+    assert torch.equal(third.grad, torch.tensor([3.0, 4.0]))
+
+
+def test_the_loop_backend_without_shared_parameters_gives_an_empty_k_row_jacobian():
+    from mtlflow.grad_engine.backends import ForwardPass, LoopBackend
+
+    head = torch.nn.Parameter(torch.tensor([2.0]))
+    losses = [(head * 3.0).sum(), (head ** 2).sum()]
+    jac = LoopBackend().differentiate(ForwardPass(losses=losses, features=None), [], None, retain_graph=False)
+    assert jac.shape == (2, 0)
