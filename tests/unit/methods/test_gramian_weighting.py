@@ -939,3 +939,32 @@ class TestPCGrad(GramianContract):
 
 class TestUPGrad(GramianContract):
     name = "upgrad"
+
+
+def test_fairgrad_resumes_its_count_of_stationary_steps() -> None:
+    saved = methods.build("fairgrad", 2)
+    saved.stationary_steps = 3
+    resumed = methods.build("fairgrad", 2)
+    resumed.load_state_dict(saved.state_dict())
+    assert resumed.stationary_steps == 3
+    fresh = methods.build("fairgrad", 2)
+    fresh.load_state_dict({})  # a checkpoint from before the count was saved
+    assert fresh.stationary_steps == 0
+
+
+def test_a_method_without_cvxpy_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    from mtlflow.methods._cvx import require_cvxpy
+
+    real_import = builtins.__import__
+
+    def no_cvxpy(name, *args, **kwargs):
+        if name == "cvxpy":
+            raise ImportError("No module named 'cvxpy'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_cvxpy)
+    with pytest.raises(SolverError) as error:
+        require_cvxpy("nashmtl")
+    assert str(error.value) == "nashmtl needs cvxpy: pip install cvxpy (it brings the Clarabel solver)"
