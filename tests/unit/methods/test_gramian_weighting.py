@@ -968,3 +968,19 @@ def test_a_method_without_cvxpy_says_how_to_install_it(monkeypatch: pytest.Monke
     with pytest.raises(SolverError) as error:
         require_cvxpy("nashmtl")
     assert str(error.value) == "nashmtl needs cvxpy: pip install cvxpy (it brings the Clarabel solver)"
+
+
+def test_mgdaub_frank_wolfe_reaches_the_min_norm_weights_of_the_normalised_gramian() -> None:
+    # three gradients in the plane; the min-norm point of their convex hull, brute-forced on a fine simplex grid
+    g = torch.tensor([[1.0, 0.0], [0.0, 2.0], [-1.0, 1.0]], dtype=torch.float64)
+    gramian = g @ g.T
+    losses = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64)
+    steps = 400
+    i, j = np.meshgrid(np.arange(steps + 1), np.arange(steps + 1), indexing="ij")
+    keep = i + j <= steps
+    grid = np.stack([i[keep], j[keep], steps - i[keep] - j[keep]], axis=1) / steps
+    unit = (g / torch.linalg.norm(g, dim=1, keepdim=True)).numpy()  # normalization=l2
+    best = torch.from_numpy(grid[np.argmin(np.linalg.norm(grid @ unit, axis=1))])
+    method = methods.build("mgdaub", 3, solver="frank-wolfe", normalization="l2", max_iter=5000, tol=1e-12)
+    weights = method.weights_from_gramian(gramian, losses)
+    assert torch.allclose(weights, best, atol=5e-3)
