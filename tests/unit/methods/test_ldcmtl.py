@@ -352,3 +352,20 @@ def test_table5_step_sizes_are_the_ldcmtl_training_defaults() -> None:
         assert RunConfig.for_benchmark(bench.train_defaults, method="ldcmtl").lr == step, name
         assert RunConfig.for_benchmark(bench.train_defaults, method="ldcmtl", lr=0.5).lr == 0.5
         assert RunConfig.for_benchmark(bench.train_defaults, method="ls").lr == bench.train_defaults["lr"]
+
+
+def test_the_router_reads_stacked_task_features_concatenated_or_averaged():
+    from mtlflow.methods.ldcmtl import batch_features_reader
+    from mtlflow.models.base import MultiTaskModel
+
+    class StackedPerTask(MultiTaskModel):  # a model whose features are [K, B, C] (multi-input, MTAN)
+        def forward_heads(self, z):
+            return list(z)
+
+    model = object.__new__(StackedPerTask)  # the reader only looks at the model's class
+    z = torch.arange(2 * 3 * 4, dtype=torch.float64).reshape(2, 3, 4)  # K = 2 tasks, B = 3, C = 4
+    assert torch.equal(batch_features_reader(model, "mean")(z), (z[0] + z[1]) / 2)
+    # concat: row b is task 0's channels of sample b, then task 1's
+    assert torch.equal(batch_features_reader(model, "concat")(z), torch.cat([z[0], z[1]], dim=1))
+    plain = object.__new__(MultiTaskModel)
+    assert batch_features_reader(plain, "mean")(z) is z
