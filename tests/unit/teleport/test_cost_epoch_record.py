@@ -79,3 +79,13 @@ def test_checkpoint_state_restores_the_teleport_count_and_htrs_last_update() -> 
     assert state.keys() == {"total_teleports", "last_update"}
     assert state["total_teleports"] == 3
     assert torch.equal(state["last_update"], torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]))
+
+
+def test_without_htr_the_last_update_is_neither_kept_nor_saved() -> None:
+    # the released variant with HTR switched off: its "last-update" reference has nothing to serve
+    cost = CostTeleport({"variant": "released", "htr": False})
+    shared = [nn.Parameter(torch.zeros(2))]
+    shared[0].grad = torch.tensor([1.0, 2.0])
+    cost.before_optimizer_step(SimpleNamespace(shared=shared, optimizer=None),
+                               StepState(epoch=1, step=0, batch=None, losses=torch.ones(2)))
+    assert cost.state_dict()["last_update"] is None
