@@ -80,8 +80,11 @@ def test_log_reference_is_renewed_every_epoch_and_rescale_keeps_the_first_step()
     probe = torch.tensor([1.0, 2.0], dtype=torch.float64)
     np.testing.assert_allclose(log._normalized(probe).numpy(), np.log([1 / 0.5, 2 / 0.8]), rtol=1e-6)
     np.testing.assert_allclose(rescale._normalized(probe).numpy(), [0.5, 0.5], rtol=1e-6)
-    with pytest.raises(InvalidParameterError, match="min_losses"):
-        log._normalized(torch.tensor([0.0, 1.0], dtype=torch.float64))
+    with pytest.raises(InvalidParameterError) as error:
+        log._normalized(torch.tensor([1 / 3, -1.0], dtype=torch.float64))
+    assert str(error.value) == ("ldcmtl: normalization=log needs losses above their lower bounds, got "
+                                "[0.333333, -1.0] with min_losses [0.0, 0.0]; set --hp min_losses=[...] or "
+                                "normalization=none")
 
 
 def test_bad_hyper_parameters_are_rejected() -> None:
