@@ -206,3 +206,15 @@ def test_a_parameter_subset_without_trainable_parameters_is_refused_in_one_line(
         tuned_parameters(model, "heads")
     assert str(error.value) == ("asmg: params='heads' selects no trainable parameter of this model; "
                                 "use params=all")
+
+
+def test_init_from_a_model_of_other_shapes_is_refused_in_one_line(tmp_path: Path) -> None:
+    from mtlflow import methods
+
+    path = tmp_path / "model.pt"
+    torch.save({"state_dict": {"weight": torch.zeros(3, 3), "bias": torch.zeros(3)}}, path)
+    method = methods.build("asmg", 2)
+    with pytest.raises(InvalidParameterError) as error:
+        method._load_weights(nn.Linear(2, 2), path, torch.device("cpu"))
+    assert str(error.value) == (f"asmg: {path} does not match this model (RuntimeError); train it on the same "
+                                "benchmark and tasks")
