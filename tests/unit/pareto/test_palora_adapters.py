@@ -276,6 +276,14 @@ def test_layer_selection_by_name_set_or_comma_separated_names():
         select_layers(plain, "trunk")
     assert str(error.value) == ("the model has no shared `trunk` module to put adapters on; give layers=all or "
                                 "module names")
+    # one name that matches nothing is refused even when the others match, naming it and the valid names
+    with pytest.raises(InvalidParameterError) as error:
+        select_layers(model, "heads.0, nope, gone")
+    assert str(error.value) == ("layers 'nope, gone' match no Conv2d/Linear layer; valid: trunk, all, or names "
+                                "among trunk.0, trunk.1.0, trunk.1.1, heads.0, heads.1")
+    with pytest.raises(InvalidParameterError) as error:
+        select_layers(nn.Sequential(nn.ReLU()), "all")
+    assert str(error.value) == "layers 'all' match no Conv2d/Linear layer; valid: trunk, all, or names among none"
 
 
 def test_a_task_s_own_trunk_layer_stays_out_of_the_trunk_when_parametrised():

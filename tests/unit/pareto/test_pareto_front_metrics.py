@@ -275,3 +275,12 @@ def test_vectors_exactly_the_tolerance_apart_are_one_point():
 
     assert distinct_count([[0.0, 0.0], [0.25, 0.0]], tol=0.25) == 1  # |a - b| = tol, exact in binary
     assert distinct_count([[0.0, 0.0], [0.5, 0.0]], tol=0.25) == 2
+
+
+def test_the_error_of_a_bounded_higher_is_better_metric_is_one_minus_it():
+    tasks, primary = ["a", "b"], {"a": "acc", "b": "loss"}
+    specs = {"a": {"acc": {"higher_is_better": True, "unit_interval": True}}, "b": SPECS["b"]}
+    prefs = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
+    record = front_record(prefs, {"val": [{"a": {"acc": 0.75}, "b": {"loss": 0.5}}]}, tasks, primary, specs,
+                          REFERENCE)
+    assert record["splits"]["val"]["errors"] == [[0.25, 0.5]]
