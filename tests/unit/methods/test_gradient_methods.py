@@ -228,6 +228,18 @@ def test_excessmtl_matches_torchjd_with_one_warmup_step() -> None:
         torch.testing.assert_close(method.last_weights, reference(grads), rtol=1e-6, atol=1e-9)
 
 
+def _excessmtl_weights_after_two_warmup_steps(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Excess-MTL's weights at the third step, by hand: AdaGrad-scaled excess-risk estimates
+    Σ_j g_ij² / √(Σ_steps g_ij² + 1e-7), the baseline their mean over the two warm-up steps, softmax of the ratio."""
+    s = torch.zeros_like(grads[0])
+    estimates = []
+    for g in grads:
+        s = s + g ** 2
+        estimates.append((g ** 2 / torch.sqrt(s + 1e-7)).sum(dim=1))
+    baseline = (estimates[0] + estimates[1]) / 2
+    return torch.softmax(estimates[2] / baseline, dim=0)
+
+
 def test_excessmtl_warmup_epochs_average_the_baseline() -> None:
     method = methods.build("excessmtl", 2, warmup_epochs=1, robust_step_size=1.0)
     grads = [jacobian(90 + i, 2, 6) for i in range(3)]
@@ -236,13 +248,7 @@ def test_excessmtl_warmup_epochs_average_the_baseline() -> None:
         torch.testing.assert_close(method.last_weights, torch.full((2,), 0.5, dtype=torch.float64))
     method.on_epoch_end(1)
     method.combine(grads[2], torch.ones(2, dtype=torch.float64))
-    s = torch.zeros(2, 6, dtype=torch.float64)
-    estimates = []
-    for g in grads:
-        s = s + g ** 2
-        estimates.append((g ** 2 / torch.sqrt(s + 1e-7)).sum(dim=1))
-    baseline = (estimates[0] + estimates[1]) / 2
-    torch.testing.assert_close(method.last_weights, torch.softmax(estimates[2] / baseline, dim=0))
+    torch.testing.assert_close(method.last_weights, _excessmtl_weights_after_two_warmup_steps(grads))
 
 
 def test_excessmtl_warmup_lasts_warmup_epochs_epochs() -> None:
@@ -254,13 +260,7 @@ def test_excessmtl_warmup_lasts_warmup_epochs_epochs() -> None:
         method.on_epoch_end(epoch)
     assert method.state_dict()["epochs_done"] == 2
     method.combine(grads[2], torch.ones(2, dtype=torch.float64))
-    s = torch.zeros(2, 6, dtype=torch.float64)
-    estimates = []
-    for g in grads:
-        s = s + g ** 2
-        estimates.append((g ** 2 / torch.sqrt(s + 1e-7)).sum(dim=1))
-    baseline = (estimates[0] + estimates[1]) / 2
-    torch.testing.assert_close(method.last_weights, torch.softmax(estimates[2] / baseline, dim=0))
+    torch.testing.assert_close(method.last_weights, _excessmtl_weights_after_two_warmup_steps(grads))
 
 
 # -- the family contract -----------------------------------------------------------------------------

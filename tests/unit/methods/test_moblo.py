@@ -340,18 +340,24 @@ def test_the_callbacks_of_a_bilevel_step_see_the_trainers_step_and_epoch(name: s
     assert len(log.batches) == 2 and all(seen is batch for seen in log.batches)
 
 
-def test_forum_normalize_upper_grads_gives_the_qp_unit_validation_gradients(multimnist_small: Path, tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """With ``normalize_upper_grads`` (the authors' code) each ∇_ω F_i reaches the QP as ∇_ω F_i / ‖∇_ω F_i‖:
-    the first step's rows against the raw ones of a twin run with the option off."""
+def _spy_on_forum_gram(monkeypatch: pytest.MonkeyPatch, argument: str) -> list[torch.Tensor]:
+    """A copy of one argument of every call of FORUM's ``_gram`` (what the QP is built from), in call order."""
     seen: list[torch.Tensor] = []
     gram = FORUM._gram
 
     def spy(upper_grads, f_omega, q_alpha):
-        seen.append(upper_grads.detach().clone())
+        seen.append({"upper_grads": upper_grads, "q_alpha": q_alpha}[argument].detach().clone())
         return gram(upper_grads, f_omega, q_alpha)
 
     monkeypatch.setattr(FORUM, "_gram", staticmethod(spy))
+    return seen
+
+
+def test_forum_normalize_upper_grads_gives_the_qp_unit_validation_gradients(multimnist_small: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``normalize_upper_grads`` (the authors' code) each ∇_ω F_i reaches the QP as ∇_ω F_i / ‖∇_ω F_i‖:
+    the first step's rows against the raw ones of a twin run with the option off."""
+    seen = _spy_on_forum_gram(monkeypatch, "upper_grads")
     torch.set_num_threads(1)
     bench, data = jobs.load_prepared(multimnist_small)
     for normalize in (False, True):
@@ -393,14 +399,7 @@ def test_forum_constraint_gradient_in_alpha_is_the_loss_drop_of_the_inner_steps(
     """Algorithm 2, step 9, for task weights: ∇_α q̃ = ∇_α f(α, ω_k) − ∇_α f(α, ω̃^T) = L(ω_k) − L(ω̃^T), the
     training losses before and after the T inner SGD steps; here T = 1 from α = (½, ½), written out on a copy
     of the model."""
-    seen: list[torch.Tensor] = []
-    gram = FORUM._gram
-
-    def spy(upper_grads, f_omega, q_alpha):
-        seen.append(q_alpha.detach().clone())
-        return gram(upper_grads, f_omega, q_alpha)
-
-    monkeypatch.setattr(FORUM, "_gram", staticmethod(spy))
+    seen = _spy_on_forum_gram(monkeypatch, "q_alpha")
     torch.set_num_threads(1)
     bench, data = jobs.load_prepared(multimnist_small)
     inner_lr = 0.5

@@ -16,14 +16,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from cost_helpers import double_lenet_trainer
 from torch import nn
 
-from mtlflow import jobs
-from mtlflow.config.run import RunConfig
 from mtlflow.core.callbacks import Callback
 from mtlflow.engine.trainer import Trainer
 from mtlflow.models.base import MultiTaskModel
-from mtlflow.models.lenet import LeNetTrunk, classification_head
 from mtlflow.teleport import adapters, callback
 from mtlflow.teleport.callback import CostTeleport
 from mtlflow.teleport.objective import TeleportProblem, adapter_objective
@@ -33,27 +31,9 @@ from mtlflow.teleport.triggers import gradient_stats
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-class _ToDouble(nn.Module):
-    def forward(self, x):
-        return x.double()
-
-
 def _trainer(data_dir, tmp_path, **options) -> Trainer:
-    """A COST trainer (teleporting on every step) on MultiMNIST whose LeNet, with a BatchNorm at the trunk's
-    end, runs in float64: loss changes far below float32's resolution are visible."""
-    bench, data = jobs.load_prepared(data_dir)
-
-    def make_model(names=None):
-        torch.manual_seed(0)
-        names = bench.task_names if names is None else names
-        trunk = nn.Sequential(_ToDouble(), LeNetTrunk(width=4, features=16), nn.BatchNorm1d(16))
-        return MultiTaskModel(trunk, [classification_head(16, 10, hidden=8) for _ in names], list(names)).double()
-
-    bench.make_model = make_model
-    config = RunConfig(method="ls", batch_size=16, max_steps_per_epoch=1, epochs=1, seed=3,
-                       hparams=jobs.resolved_hparams(bench, "ls", {}), teleport="cost",
-                       teleport_options={"trigger": "always", **options})
-    trainer = Trainer(bench, data, config, tmp_path / "run", progress=False)
+    """A float64 COST trainer teleporting on every step, its callbacks started for epoch 1."""
+    trainer = double_lenet_trainer(data_dir, tmp_path / "run", "ls", {"trigger": "always", **options}, seed=3)
     for cb in trainer.callbacks:
         cb.on_train_start(trainer)
         cb.on_epoch_start(trainer, 1)

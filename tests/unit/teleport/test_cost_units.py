@@ -9,6 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from cost_helpers import double_lenet_trainer
+
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.teleport.htr import apply_htr, htr_sigma, restore_htr
 from mtlflow.teleport.objective import balance_weights, invariance_loss, sample_perturbation, sharpness_loss
@@ -126,32 +128,9 @@ def _tiny_model() -> nn.Module:
     return MultiTaskModel(trunk, [nn.Linear(5, 1), nn.Linear(5, 1)], ["a", "b"]).double()
 
 
-class _ToDouble(nn.Module):
-    def forward(self, x):
-        return x.double()
-
-
 def _double_lenet_trainer(data_dir, tmp_path, options):
     """A COST trainer on MultiMNIST whose LeNet (with BatchNorm) runs in float64, for finite differences."""
-    from mtlflow import jobs
-    from mtlflow.config.run import RunConfig
-    from mtlflow.engine.trainer import Trainer
-    from mtlflow.models.base import MultiTaskModel
-    from mtlflow.models.lenet import LeNetTrunk, classification_head
-
-    bench, data = jobs.load_prepared(data_dir)
-
-    def make_model(names=None):
-        torch.manual_seed(0)
-        names = bench.task_names if names is None else names
-        trunk = nn.Sequential(_ToDouble(), LeNetTrunk(width=4, features=16), nn.BatchNorm1d(16))
-        return MultiTaskModel(trunk, [classification_head(16, 10, hidden=8) for _ in names], list(names)).double()
-
-    bench.make_model = make_model
-    config = RunConfig(method="fairgrad", batch_size=16, max_steps_per_epoch=1, epochs=1,
-                         hparams=jobs.resolved_hparams(bench, "fairgrad", {}), teleport="cost",
-                         teleport_options=options)
-    return Trainer(bench, data, config, tmp_path / "run", progress=False)
+    return double_lenet_trainer(data_dir, tmp_path / "run", "fairgrad", options)
 
 
 @pytest.mark.parametrize("path", ["through-perturbations", "unperturbed-only"])
