@@ -271,8 +271,10 @@ def restore_results(mutants_dir: Path, saved: Path) -> int:
 def run(max_children: int, stop_after: float | None, retry_undetected: bool, only: list[str],
         retry_timeouts: bool = False, sample: int | None = None) -> int:
     print(f"restored {restore_results(Path('mutants'), SAVED_RESULTS)} saved verdicts")
-    if sample is not None:
-        generate_mutants(max_children)  # names every mutant, so that the retests and the draw can be listed
+    if sample is not None or only:
+        # names every mutant: the verdicts restored into a fresh mutants/ name only the judged ones, so the
+        # retests, the draw and a folder's never-judged mutants can be listed only after this
+        generate_mutants(max_children)
     retests: list[str] = []
     if retry_undetected:
         retests += forget(Path("mutants"), only or list(FOLDERS), UNDETECTED)

@@ -640,6 +640,13 @@ def test_nashmtl_solves_the_bargaining_fixed_point(seed: int, k: int, p: int, sc
     assert 1 <= method.last_iterations <= 20 and method.last_residual <= 1e-5
 
 
+def test_nashmtl_reports_no_solve_before_its_first_step() -> None:
+    method = methods.get("nashmtl")(3)
+    assert method.last_residual is None and method.last_iterations == 0 and method.stationary_steps == 0
+    _, _, solved = nash(jacobian(0, 3, 5))
+    assert isinstance(solved.last_residual, float) and solved.last_iterations >= 1
+
+
 @pytest.mark.parametrize("seed,k,p", FULL_RANK)
 def test_nashmtl_agrees_with_fairgrad_least_squares(seed: int, k: int, p: int) -> None:
     grads = jacobian(seed, k, p)

@@ -81,6 +81,21 @@ def test_moml_hypergradient_matches_finite_differences(softmax: bool) -> None:
     assert hyper.abs().max() > 1e-2  # the hypergradient is not trivially zero
 
 
+def test_moml_hypergradient_leaves_a_parameter_the_lower_level_never_uses_alone() -> None:
+    """A model parameter outside the LL objective (a frozen or unused module) gets no inner step and changes
+    nothing: the hypergradient is the one without it, against the same finite differences."""
+    alpha, steps, lr = torch.tensor([0.35, 0.65], dtype=torch.float64), 3, 0.2
+    unused = torch.tensor([5.0, -1.0], dtype=torch.float64, requires_grad=True)
+    hyper, values = unrolled_hypergradients(alpha, {"w": OMEGA0.clone().requires_grad_(True), "unused": unused},
+                                            lambda a, p, t: lower(a, p, t, False), upper, steps, lr)
+    eps = 1e-6
+    numeric = torch.stack([(unrolled_value(alpha + eps * e, steps, lr, False)
+                            - unrolled_value(alpha - eps * e, steps, lr, False)) / (2 * eps)
+                           for e in torch.eye(2, dtype=torch.float64)], dim=1)
+    torch.testing.assert_close(hyper, numeric, rtol=1e-6, atol=1e-8)
+    torch.testing.assert_close(values, unrolled_value(alpha, steps, lr, False))
+
+
 def random_gram(seed: int, k: int, dim: int = 6, aligned: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     vectors = torch.randn(k + 1, dim, generator=gen, dtype=torch.float64)
