@@ -872,6 +872,20 @@ def test_upgrad_matches_torchjd(seed: int, k: int, p: int) -> None:
     np.testing.assert_allclose(d, reference, rtol=1e-7, atol=1e-9)
 
 
+def test_upgrad_quadprog_is_scale_free_below_unit_trace_and_zero_on_zero_gradients() -> None:
+    """TorchJD's formulation normalises G by its trace, so gradients 1000 times smaller (trace < 1) get the same
+    weights and a 1000 times shorter update; an all-zero Jacobian gets the update 0, weights 1/K."""
+    j = jacobian(7, 3, 6) - 0.5 * jacobian(8, 1, 6)
+    d, method = direction("upgrad", j, solver="quadprog")
+    small, small_method = direction("upgrad", 1e-3 * j, solver="quadprog")
+    assert float(np.trace((1e-3 * j.numpy()) @ (1e-3 * j.numpy()).T)) < 1.0
+    np.testing.assert_allclose(small_method.last_weights.numpy(), method.last_weights.numpy(), rtol=1e-9)
+    np.testing.assert_allclose(small, 1e-3 * d, rtol=1e-9, atol=1e-15)
+    zero, zero_method = direction("upgrad", torch.zeros(3, 6, dtype=torch.float64), solver="quadprog")
+    assert np.array_equal(zero, np.zeros(6))
+    np.testing.assert_array_equal(zero_method.last_weights.numpy(), np.full(3, 1 / 3))
+
+
 @pytest.mark.parametrize("seed,k,p", FULL_RANK)
 def test_upgrad_is_non_conflicting(seed: int, k: int, p: int) -> None:
     j = jacobian(seed, k, p) - 0.5 * jacobian(seed + 1, 1, p)   # shared component: some conflicts

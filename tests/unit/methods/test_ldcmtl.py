@@ -182,6 +182,28 @@ def test_double_loop_adds_only_the_router_correction(multimnist_small: Path, tmp
     torch.testing.assert_close(double.method.router.logits.grad, expected, rtol=1e-4, atol=1e-7)
 
 
+def test_double_loop_inner_steps_are_gradient_descent_on_the_penalty_from_the_model(multimnist_small: Path,
+                                                                                      tmp_path: Path) -> None:
+    """Alg. 2's z_N: N steps z <- z - beta grad_z g(W, z) from z_0 = x, against torch's SGD on the model itself."""
+    trainer, batch = trainer_for(multimnist_small, tmp_path, router="vector", penalty=0.5, loop="double",
+                                 inner_steps=3, inner_lr=0.05, normalization="none")
+    method: LDCMTL = trainer.method
+    with torch.no_grad():
+        start = trainer.forward_pass(batch).stacked
+    method.before_backward(StepContext(step=0, epoch=1, losses=start, recompute_losses=lambda: start,
+                                       extra={"batch": batch}))
+    sigma = torch.softmax(method.router.logits.detach(), 0)
+    optimizer = torch.optim.SGD(trainer.model.parameters(), lr=0.05)
+    for _ in range(3):
+        optimizer.zero_grad()
+        penalty(trainer.forward_pass(batch).stacked, sigma).backward()
+        optimizer.step()
+    with torch.no_grad():
+        expected = trainer.forward_pass(batch).stacked
+    torch.testing.assert_close(method._inner_losses, expected, rtol=1e-4, atol=1e-6)
+    assert float(penalty(expected, sigma)) < float(penalty(start, sigma)) - 1e-3  # the steps went downhill
+
+
 def test_table5_defaults_come_from_the_benchmarks() -> None:
     expected = {"celeba": (0.01, "sigma", "none", "vector"), "qm9": (0.05, "sigma", "log", "vector"),
                 "cityscapes": (0.1, "one", "none", "mlp"), "nyuv2": (0.05, "one", "none", "mlp")}
@@ -256,8 +278,8 @@ def test_router_step_is_sgd_on_the_objective_with_the_models_weight_decay(optimi
     np.testing.assert_allclose(method.router.logits.detach().numpy(), expected, rtol=1e-5, atol=1e-7)
 
 
-def mlp_method(seed: int) -> LDCMTL:
-    method = methods.build("ldcmtl", 2, router="mlp", penalty=0.5)
+def mlp_method(seed: int, **hp) -> LDCMTL:
+    method = methods.build("ldcmtl", 2, router="mlp", penalty=0.5, **hp)
     method.setup(SimpleNamespace(config=SimpleNamespace(seed=seed, lr=0.01, optimizer="adam"), model=None))
     return method
 
@@ -270,24 +292,30 @@ def router_step(method: LDCMTL, features: torch.Tensor, losses: torch.Tensor, st
     method.after_optimizer_step(ctx)
 
 
-def test_mlp_router_restored_into_a_fresh_method_continues_exactly() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_mlp_router_restored_into_a_fresh_method_continues_exactly(dtype: torch.dtype) -> None:
     """A resumed run's method has no router yet (the MLP is built from the first batch's feature width):
-    load_state_dict rebuilds it at the saved width, with the saved weights and Adam moments, so the next
-    step is the one the uninterrupted run takes."""
-    features = torch.randn(4, 12, generator=torch.Generator().manual_seed(0))
-    losses = torch.tensor([0.9, 0.3])
-    original = mlp_method(seed=0)
+    load_state_dict rebuilds it at the saved width and type, with the saved weights, Adam moments and the
+    rescale reference (the first step's losses), so the next step is the one the uninterrupted run takes."""
+    features = torch.randn(4, 12, generator=torch.Generator().manual_seed(0), dtype=dtype)
+
+    def losses_at(step: int) -> torch.Tensor:
+        return torch.tensor([0.9, 0.3], dtype=dtype) * (1 + 0.5 * step)
+
+    original = mlp_method(seed=0, normalization="rescale")
     for step in range(2):
-        router_step(original, features, losses, step)
-    resumed = mlp_method(seed=1)  # another seed: its own router would start elsewhere
+        router_step(original, features, losses_at(step), step)
+    resumed = mlp_method(seed=1, normalization="rescale")  # another seed: its own router would start elsewhere
     assert resumed.router is None
     checkpoint = io.BytesIO()  # as checkpoint.pt: the live optimizer state is not shared with the resumed run
     torch.save(original.state_dict(), checkpoint)
     checkpoint.seek(0)
     resumed.load_state_dict(torch.load(checkpoint, weights_only=False))
     assert resumed.router.in_features == 12
-    router_step(original, features, losses, 2)
-    router_step(resumed, features, losses, 2)
+    assert {p.dtype for p in resumed.router.parameters()} == {dtype}
+    assert torch.equal(resumed.reference_losses, losses_at(0))
+    router_step(original, features, losses_at(2), 2)
+    router_step(resumed, features, losses_at(2), 2)
     for (name, a), b in zip(original.router.state_dict().items(), resumed.router.state_dict().values()):
         assert torch.equal(a, b), name
 

@@ -327,7 +327,7 @@ def test_stch_phases_nadir_and_softmax_weights() -> None:
     torch.testing.assert_close(share, torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["stch", "imtl"])
+@pytest.mark.parametrize("name", ["stch", "imtl", "si"])
 def test_losses_at_or_below_their_bounds_are_refused_naming_the_method(name: str) -> None:
     method = methods.build(name, 2, min_losses=[-1.0, 0.0])
     losses = torch.tensor([-1.0, 0.5], dtype=torch.float64)

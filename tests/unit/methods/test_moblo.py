@@ -322,6 +322,21 @@ def test_sample_weights_lower_objective_is_the_sigmoid_weighted_mean_per_task_su
     assert float(value) == pytest.approx(expected, rel=1e-12)
 
 
+def test_sample_weights_start_at_one_half_for_every_training_sample_and_summarise_per_task() -> None:
+    """Section 3.7.1's α: one float64 logit per (task, training sample), 0 at the start (σ = 1/2); the logged
+    summary is each task's mean σ(α_ij) over its samples."""
+    trainer = SimpleNamespace(bench=benchmarks.build("hypercleaning"), task_index=[0, 1],
+                              data=SimpleNamespace(splits={"train": range(5)}), device=torch.device("cpu"))
+    upper_level = SampleWeights(trainer)
+    assert upper_level.variable.dtype == torch.float64 and upper_level.variable.shape == (2, 5)
+    assert torch.equal(upper_level.weights_summary(), torch.full((2,), 0.5, dtype=torch.float64))
+    with torch.no_grad():
+        upper_level.variable.copy_(torch.tensor([[0.0, 0.0, 0.0, 0.0, math.log(3.0)],
+                                                 [-math.log(3.0), 0.0, 0.0, 0.0, 0.0]]))
+    torch.testing.assert_close(upper_level.weights_summary(),  # σ(log 3) = 3/4, σ(-log 3) = 1/4
+                               torch.tensor([(4 * 0.5 + 0.75) / 5, (0.25 + 4 * 0.5) / 5], dtype=torch.float64))
+
+
 def _trainer(bench, data, tmp_path: Path, method: str, hparams: dict, callbacks: tuple = ()) -> Trainer:
     """A trainer of ``method`` on the tiny MultiMNIST data, plain SGD, batches of 8."""
     config = RunConfig(method=method, epochs=1, batch_size=8, optimizer="sgd", lr=0.1,

@@ -113,3 +113,15 @@ def test_nashmtl_cccp_trains_on_toy_with_amortised_weights(tmp_path: Path) -> No
     state = torch.load(run / "checkpoint.pt", weights_only=False)["method"]
     alpha = state["alpha"]
     assert alpha is not None and torch.all(alpha > 0)
+
+
+def test_a_method_reads_back_as_its_class_task_count_and_hyper_parameters() -> None:
+    assert repr(methods.build("ls", 2)) == "LinearScalarization(n_tasks=2)"
+    assert repr(methods.build("dwa", 3, temperature=1.5)) == (
+        "DynamicWeightAverage(n_tasks=3, temperature=1.5, window='epoch', iteration_window=25, min_losses=None)")
+
+
+def test_a_method_without_its_own_step_says_so_when_asked_for_one() -> None:
+    with pytest.raises(NotImplementedError) as error:
+        methods.build("ls", 2).training_step(None, None, 1)
+    assert str(error.value) == "ls does not define its own training step"
