@@ -16,6 +16,9 @@ training dtype.
   (negative eigenvalues set to 0; the Frobenius-nearest PSD matrix), which changes it by no more than
   its own rounding error.
 * :func:`psd_factor` -- R with R Rᵀ = G (K x K), for least-squares forms of the Gramian problems.
+* :func:`cpu_float64` -- where methods keep their per-task state and hand K x K problems to numpy: a
+  detached float64 copy on the CPU, whatever the training dtype and device (a checkpoint that the
+  trainer loads onto the GPU included).
 """
 
 from __future__ import annotations
@@ -32,6 +35,12 @@ FLOAT64_BLOCK = 1 << 22
 PSD_TOLERANCE = 1e-13
 
 
+def cpu_float64(tensor: Tensor) -> Tensor:
+    """A detached float64 copy of ``tensor`` on the CPU, never sharing memory with it (a restored state does
+    not alias the checkpoint it came from)."""
+    return tensor.detach().to("cpu", torch.float64, copy=True)
+
+
 def gramian_float64(grads: Tensor) -> Tensor:
     """G = J Jᵀ ``[K, K]`` in float64 on ``grads``' device, for ``grads [K, P]`` of any floating dtype."""
     k, p = grads.shape
@@ -45,7 +54,7 @@ def gramian_float64(grads: Tensor) -> Tensor:
 
 def gramian_array(gramian: Tensor | np.ndarray, method: str) -> np.ndarray:
     """The Gramian as a symmetric positive semi-definite float64 array (see the module docstring)."""
-    m = (gramian.detach().to("cpu", torch.float64).numpy() if isinstance(gramian, Tensor)
+    m = (cpu_float64(gramian).numpy() if isinstance(gramian, Tensor)
          else np.asarray(gramian, dtype=np.float64))
     if not np.all(np.isfinite(m)):
         raise NonFiniteValueError(f"{method}: the task-gradient Gramian contains NaN or Inf; "

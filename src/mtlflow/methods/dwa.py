@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.hparams import HParam, one_of, positive
+from mtlflow.methods._numerics import cpu_float64
 from mtlflow.methods._support import min_losses_hparam, shifted_losses
 from mtlflow.methods.base import LossWeighting
 
@@ -77,7 +78,7 @@ class DynamicWeightAverage(LossWeighting):
         shifted = shifted_losses(self.name, losses, self.min_losses)
         # recorded first: window="iterations" includes this step's loss (the Nash-MTL code); the epoch
         # window only closes in on_epoch_end, so its weights are unaffected by the order
-        self._record(shifted.detach().to("cpu", torch.float64))
+        self._record(cpu_float64(shifted))
         w = self.weights(shifted.detach())
         self.last_weights = w
         return (w * shifted).sum()
@@ -102,7 +103,7 @@ class DynamicWeightAverage(LossWeighting):
                 "epoch_steps": self._epoch_steps, "recent": [r.clone() for r in self.recent]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch_means = [m.to("cpu", torch.float64) for m in state["epoch_means"]]
-        self._epoch_sum = state["epoch_sum"].to("cpu", torch.float64).clone()
+        self.epoch_means = [cpu_float64(m) for m in state["epoch_means"]]
+        self._epoch_sum = cpu_float64(state["epoch_sum"])
         self._epoch_steps = int(state["epoch_steps"])
-        self.recent = [r.to("cpu", torch.float64) for r in state["recent"]]
+        self.recent = [cpu_float64(r) for r in state["recent"]]

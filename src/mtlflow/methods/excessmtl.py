@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.hparams import HParam, non_negative, positive
+from mtlflow.methods._numerics import cpu_float64
 from mtlflow.methods.base import GradientMethod
 
 EPS = 1e-7
@@ -72,7 +73,7 @@ class ExcessMTL(GradientMethod):
         if self.sq_sum is None:
             self.sq_sum = torch.zeros_like(g)
         self.sq_sum = self.sq_sum.to(device=g.device, dtype=g.dtype) + squared
-        return (squared / torch.sqrt(self.sq_sum + EPS)).sum(dim=1).to("cpu", torch.float64)
+        return cpu_float64((squared / torch.sqrt(self.sq_sum + EPS)).sum(dim=1))
 
     def task_weights(self) -> Tensor:
         return torch.softmax(self.log_weights, dim=0)
@@ -112,8 +113,8 @@ class ExcessMTL(GradientMethod):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sq_sum = None if state["sq_sum"] is None else state["sq_sum"].clone()
-        self.log_weights = state["log_weights"].to("cpu", torch.float64).clone()
-        self.baseline = None if state["baseline"] is None else state["baseline"].to("cpu", torch.float64).clone()
-        self.warmup_sum = state["warmup_sum"].to("cpu", torch.float64).clone()
+        self.log_weights = cpu_float64(state["log_weights"])
+        self.baseline = None if state["baseline"] is None else cpu_float64(state["baseline"])
+        self.warmup_sum = cpu_float64(state["warmup_sum"])
         self.warmup_steps = int(state["warmup_steps"])
         self.epochs_done = int(state["epochs_done"])

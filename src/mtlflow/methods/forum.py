@@ -47,6 +47,7 @@ from mtlflow.core.callbacks import StepState, TrainerView
 from mtlflow.core.errors import NonFiniteValueError, SolverError
 from mtlflow.core.hparams import HParam, positive
 from mtlflow.methods._moblo import BilevelState, check_finite, common_hparams, step_model
+from mtlflow.methods._numerics import cpu_float64
 from mtlflow.methods.base import Method
 from mtlflow.methods.solvers import min_norm_weights_qp
 
@@ -75,7 +76,7 @@ def forum_qp(gram: Tensor, rho: float) -> ForumQPSolution:
         import quadprog
     except ImportError:
         raise SolverError("forum needs quadprog for its QP (Eq. 3.29): pip install quadprog") from None
-    m = gram.detach().to("cpu", torch.float64).numpy()
+    m = cpu_float64(gram).numpy()
     if not np.all(np.isfinite(m)):
         raise NonFiniteValueError("forum: the gradient Gram matrix contains NaN or Inf; check the losses and learning rates")
     m = 0.5 * (m + m.T)
@@ -209,7 +210,7 @@ class FORUM(Method):
         step_state = StepState(epoch=epoch, step=trainer.global_step, batch=batch, losses=losses.detach())
         step_model(trainer, step_state, grads={name: omega_direction[offsets[i]:offsets[i + 1]].view_as(p)
                                                for i, (name, p) in enumerate(live.items())})
-        self.last_weights = upper.weights_summary().to("cpu", torch.float64)
+        self.last_weights = cpu_float64(upper.weights_summary())
         return {"losses": losses.detach(), "weights": self.last_weights, "solver_seconds": solver_seconds,
                 **step_state.info}
 
@@ -232,5 +233,5 @@ class FORUM(Method):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.state.load_state_dict(state["bilevel"])
-        self.lam_tilde = state["lam_tilde"].to("cpu", torch.float64).clone()
+        self.lam_tilde = cpu_float64(state["lam_tilde"])
         self.iteration = int(state["iteration"])

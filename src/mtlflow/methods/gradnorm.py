@@ -29,6 +29,7 @@ from torch import Tensor
 
 from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.hparams import HParam, non_negative
+from mtlflow.methods._numerics import cpu_float64
 from mtlflow.methods._support import last_shared_layer, min_losses_hparam, shifted_losses
 from mtlflow.methods.base import LossWeighting, StepContext
 
@@ -85,11 +86,11 @@ class GradNorm(LossWeighting):
             grads = torch.autograd.grad(shifted[i], self.shared_layer, retain_graph=True, allow_unused=True)
             norms.append(torch.sqrt(sum(g.double().pow(2).sum() for g in grads if g is not None)))
         grad_norms = torch.stack([n.to("cpu") for n in norms])
-        current = shifted.detach().to("cpu", torch.float64)
+        current = cpu_float64(shifted)
         if self.initial_losses is None:
             self.initial_losses = current.clone()
         self.last_grad_norms = grad_norms
-        weights = self.task_weights.detach().to("cpu", torch.float64)
+        weights = cpu_float64(self.task_weights)
         grad = gradnorm_weight_gradient(weights, grad_norms, current, self.initial_losses, self.hp["alpha"])
         self.task_weights.grad = grad.to(self.task_weights)
 
@@ -109,4 +110,4 @@ class GradNorm(LossWeighting):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         initial = state["initial_losses"]
-        self.initial_losses = None if initial is None else initial.to("cpu", torch.float64)
+        self.initial_losses = None if initial is None else cpu_float64(initial)

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.hparams import HParam, unit_interval
+from mtlflow.methods._numerics import cpu_float64
 from mtlflow.methods._support import gramian_numpy
 from mtlflow.methods.base import GramianWeighting
 
@@ -83,4 +84,4 @@ class GradVac(GramianWeighting):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.targets = state["targets"].to("cpu", torch.float64).numpy().copy()
+        self.targets = cpu_float64(state["targets"]).numpy()

@@ -43,7 +43,7 @@ from torch import Tensor
 
 from mtlflow.core.errors import NonFiniteValueError
 from mtlflow.core.hparams import HParam, non_negative, one_of, positive
-from mtlflow.methods._numerics import gramian_float64
+from mtlflow.methods._numerics import cpu_float64, gramian_float64
 from mtlflow.methods.base import GradientMethod
 
 
@@ -122,5 +122,5 @@ class MoCo(GradientMethod):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         tracked = state["tracked"]
         self.tracked = None if tracked is None else tracked.clone()
-        self.lam = state["lambda"].to("cpu", torch.float64).clone()
+        self.lam = cpu_float64(state["lambda"])
         self.step = int(state["step"])

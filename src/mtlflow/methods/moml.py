@@ -37,6 +37,7 @@ from mtlflow.core.callbacks import StepState, TrainerView
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.hparams import HParam
 from mtlflow.methods._moblo import BilevelState, check_finite, common_hparams, step_model
+from mtlflow.methods._numerics import cpu_float64
 from mtlflow.methods.base import GradientMethod, Method
 
 
@@ -123,7 +124,7 @@ class MOML(Method):
         objective = upper.lower_objective(upper.variable, model, preds, targets) * state.lower_scale(trainer)
         step_state = StepState(epoch=epoch, step=trainer.global_step, batch=batch, losses=losses.detach())
         step_model(trainer, step_state, objective=objective)
-        self.last_weights = upper.weights_summary().to("cpu", torch.float64)
+        self.last_weights = cpu_float64(upper.weights_summary())
         return {"losses": losses.detach(), "weights": self.last_weights, "solver_seconds": solver_seconds,
                 **step_state.info}
 

@@ -65,7 +65,7 @@ from torch import Tensor
 from mtlflow.core.errors import SolverError
 from mtlflow.core.hparams import HParam, non_negative, positive
 from mtlflow.methods._cvx import EXP_CONE_SOLVERS, require_solver, solve_checked
-from mtlflow.methods._numerics import gramian_array
+from mtlflow.methods._numerics import cpu_float64, gramian_array
 from mtlflow.methods.base import UPDATE_WEIGHTS_EVERY, GramianWeighting
 from mtlflow.methods.solvers import min_norm_weights_qp
 
@@ -234,6 +234,6 @@ class NashMTL(GramianWeighting):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         alpha = state["alpha"]
-        self._alpha = None if alpha is None else alpha.detach().to("cpu", torch.float64).numpy().copy()
+        self._alpha = None if alpha is None else cpu_float64(alpha).numpy()
         self.last_weights = None if alpha is None else torch.from_numpy(self._alpha.copy())
         self.stationary_steps = int(state["stationary_steps"])

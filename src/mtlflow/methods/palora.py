@@ -60,6 +60,7 @@ from mtlflow.core import atomic
 from mtlflow.core.callbacks import Callback, StepState, TrainerView
 from mtlflow.core.errors import DataError, InvalidParameterError, NonFiniteLossError
 from mtlflow.core.hparams import HParam, non_negative, one_of, positive
+from mtlflow.methods._numerics import cpu_float64
 from mtlflow.methods.base import Method
 from mtlflow.pareto.adapters import FACTORIZATIONS, PreferenceAdapters
 from mtlflow.pareto.front import evaluate_front, front_plot, front_record, select_front, task_info
@@ -193,7 +194,7 @@ class PaLoRA(Method):
         mean_losses = loss_sum / len(rays)
         state = StepState(epoch=epoch, step=trainer.global_step, batch=batch, losses=mean_losses)
         trainer.optimizer_step(state)
-        self.last_weights = rays.mean(dim=0).to("cpu", torch.float64)
+        self.last_weights = cpu_float64(rays.mean(dim=0))
         return {"losses": mean_losses, "weights": self.last_weights, **state.info}
 
     def _check_finite(self, losses: Tensor, lam: Tensor, trainer: TrainerView, epoch: int) -> None:

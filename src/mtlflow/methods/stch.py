@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.hparams import HParam, non_negative, positive
+from mtlflow.methods._numerics import cpu_float64
 from mtlflow.methods._support import min_losses_hparam, shifted_losses
 from mtlflow.methods.base import LossWeighting
 
@@ -80,7 +81,7 @@ class SmoothTchebycheff(LossWeighting):
         self.last_weights = self.weights(losses.detach())
         if self.nadir is None:
             if self.phase == "nadir":
-                self._nadir_sum += shifted.detach().to("cpu", torch.float64)
+                self._nadir_sum += cpu_float64(shifted)
                 self._nadir_steps += 1
             return shifted.log().sum()
         return self.n_tasks * smooth_tchebycheff(self.normalised_log_losses(shifted), self.hp["mu"])
@@ -97,6 +98,6 @@ class SmoothTchebycheff(LossWeighting):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.completed_epochs = int(state["completed_epochs"])
-        self.nadir = None if state["nadir"] is None else state["nadir"].to("cpu", torch.float64)
-        self._nadir_sum = state["nadir_sum"].to("cpu", torch.float64).clone()
+        self.nadir = None if state["nadir"] is None else cpu_float64(state["nadir"])
+        self._nadir_sum = cpu_float64(state["nadir_sum"])
         self._nadir_steps = int(state["nadir_steps"])

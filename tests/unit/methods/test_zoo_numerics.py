@@ -382,3 +382,24 @@ def test_moco_weights_do_not_depend_on_the_gradient_scale() -> None:
         trajectories[norm] = torch.stack(lambdas)
         np.testing.assert_allclose(method.last_weights.numpy(), mgda, atol=1e-4)
     torch.testing.assert_close(trajectories[0.1], trajectories[10.0], rtol=0, atol=1e-12)
+
+
+def test_method_state_is_a_detached_float64_cpu_copy_whatever_it_was_given() -> None:
+    from mtlflow.methods._numerics import cpu_float64
+
+    source = torch.tensor([0.5, 1.25], dtype=torch.float32, requires_grad=True)
+    copy = cpu_float64(source)
+    assert copy.dtype == torch.float64 and copy.device.type == "cpu" and not copy.requires_grad
+    assert copy.tolist() == [0.5, 1.25]
+    already = torch.tensor([2.0, 3.0], dtype=torch.float64)
+    assert cpu_float64(already).data_ptr() != already.data_ptr()   # a copy even when nothing needs converting
+    # through a method: a checkpoint written in float32 restores as float64 state that the checkpoint no longer aliases
+    dwa = methods.build("dwa", 2)
+    saved = {key: (value.float() if isinstance(value, torch.Tensor) else
+                   [v.float() for v in value] if isinstance(value, list) else value)
+             for key, value in methods.build("dwa", 2).state_dict().items()}
+    saved["epoch_sum"] = torch.tensor([1.0, 2.0])
+    dwa.load_state_dict(saved)
+    saved["epoch_sum"].add_(10.0)
+    restored = dwa.state_dict()["epoch_sum"]
+    assert restored.dtype == torch.float64 and restored.tolist() == [1.0, 2.0]
