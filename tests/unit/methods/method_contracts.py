@@ -3,7 +3,8 @@ checks that method against every property its family promises.
 
 * every method (:class:`MethodContract`): an unknown hyper-parameter is one line, the task count must be
   positive, a checkpointed state continues a run exactly (the generator of a stochastic method included:
-  the clone is built with another seed), and the run seed alone decides a stochastic method's draws;
+  the clone is built with another seed), a state saved before the first step restores, and the run seed
+  alone decides a stochastic method's draws;
 * loss weighting (:class:`LossWeightingContract`): the gradient of the objective w.r.t. the losses is
   exactly the weights the method logs (autograd against ``last_weights``, after every step);
 * gradient methods (:class:`GradientContract`): one finite direction entry per parameter;
@@ -57,6 +58,15 @@ class MethodContract:
             assert torch.equal(self.step(original, i), self.step(resumed, i)), i
             if original.last_weights is not None:
                 assert torch.equal(original.last_weights, resumed.last_weights), i
+
+    def test_a_state_saved_before_the_first_step_restores_a_fresh_run(self) -> None:
+        """A checkpoint written before any step (its state still empty: no EMA, no baseline, no window)
+        restores, and the restored method then steps as a fresh one does."""
+        original = self.build(seed=5)
+        resumed = self.build(seed=6)
+        resumed.load_state_dict(through_torch_save(original.state_dict()))
+        for i in range(3):
+            assert torch.equal(self.step(original, i), self.step(resumed, i)), i
 
     def test_the_run_seed_decides_the_draws(self) -> None:
         first, again, other = self.build(seed=7), self.build(seed=7), self.build(seed=8)

@@ -106,19 +106,26 @@ def run_epoch(method: methods.Method, losses: list[torch.Tensor], epoch: int) ->
 
 
 def test_dwa_follows_the_paper_over_epochs() -> None:
+    """Epochs of 3, 2, 1, 2 and 1 steps: each epoch's mean is over its own steps, and an epoch end with no step
+    since the last (a run resumed at an epoch boundary) changes nothing."""
     k, temperature = 3, 2.0
     dwa = methods.build("dwa", k)
     epoch_losses = [
-        [torch.tensor([2.0, 4.0, 1.0]), torch.tensor([2.2, 3.8, 1.2])],   # epoch means (2.1, 3.9, 1.1)
-        [torch.tensor([1.0, 3.5, 1.0]), torch.tensor([1.1, 3.7, 1.0])],   # (1.05, 3.6, 1.0)
-        [torch.tensor([0.5, 3.0, 0.9]), torch.tensor([0.7, 3.0, 1.1])],   # (0.6, 3.0, 1.0)
+        [torch.tensor([2.0, 4.0, 1.0]), torch.tensor([2.2, 3.8, 1.2]), torch.tensor([2.6, 4.2, 1.4])],
+        [torch.tensor([1.0, 3.5, 1.0]), torch.tensor([1.1, 3.7, 1.0])],
         [torch.tensor([0.5, 3.0, 0.9])],
+        [torch.tensor([0.5, 3.0, 0.9]), torch.tensor([0.7, 2.0, 1.1])],
+        [torch.tensor([0.4, 2.0, 0.8])],
     ]
-    weights = [run_epoch(dwa, losses, e + 1) for e, losses in enumerate(epoch_losses)]
+    weights = []
+    for e, losses in enumerate(epoch_losses):
+        weights.append(run_epoch(dwa, losses, e + 1))
+        dwa.on_epoch_end(e + 1)  # again, with no step in between
     for w in weights[0] + weights[1]:                       # w = 1 for t = 1, 2
         torch.testing.assert_close(w, torch.ones(k))
     means = [torch.stack(e).double().mean(dim=0) for e in epoch_losses]
-    for t, (w_epoch, prev, prev2) in enumerate([(weights[2], means[1], means[0]), (weights[3], means[2], means[1])]):
+    for t in range(2, len(epoch_losses)):
+        w_epoch, prev, prev2 = weights[t], means[t - 1], means[t - 2]
         ratio = prev / prev2
         expected = k * torch.exp(ratio / temperature) / torch.exp(ratio / temperature).sum()
         for w in w_epoch:

@@ -67,3 +67,37 @@ def test_a_training_step_before_setup_is_refused_in_one_line() -> None:
     with pytest.raises(RuntimeError) as error:
         methods.build("palora", 2).training_step(None, None, 1)
     assert str(error.value) == "palora: setup(trainer) must run before training_step"
+
+
+def test_init_from_loads_the_single_point_model_and_freezes_it(tmp_path: Path) -> None:
+    source = nn.Linear(2, 2)
+    path = tmp_path / "model.pt"
+    torch.save(_single_point_blob(source.state_dict()), path)
+    trainer = _expansion_trainer()
+    method = methods.build("palora", 2, init_from=str(path))
+    method._load_initial_model(trainer, path)
+    assert method.frozen_base is True
+    assert torch.equal(trainer.model.weight, source.weight) and torch.equal(trainer.model.bias, source.bias)
+    assert not any(p.requires_grad for p in trainer.model.parameters())
+
+
+def test_init_from_refuses_a_corrupt_file_a_palora_model_and_other_data_in_one_line(tmp_path: Path) -> None:
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"not a checkpoint")
+    try:
+        torch.load(corrupt, weights_only=False)
+    except Exception as exc:  # the error torch gives this file, whatever its type in this torch version
+        corrupt_error = type(exc).__name__
+    palora = tmp_path / "palora.pt"
+    torch.save({**_single_point_blob(nn.Linear(2, 2).state_dict()), "palora": {}}, palora)
+    other_data = tmp_path / "other.pt"
+    torch.save({**_single_point_blob(nn.Linear(2, 2).state_dict()), "data_hash": "d" * 64}, other_data)
+    cases = [(corrupt, DataError, f"init_from: {corrupt} is corrupt ({corrupt_error}); retrain that run"),
+             (palora, InvalidParameterError, f"init_from: {palora} is a PaLoRA model; expansion starts from a "
+                                             "single-point model such as an LS run's model.pt"),
+             (other_data, DataError, f"init_from: {other_data} was trained on data dddddddddddd, this run uses "
+                                     "hhhhhhhhhhhh; expand on the data the model was trained on")]
+    for path, error_type, message in cases:
+        with pytest.raises(error_type) as error:
+            methods.build("palora", 2, init_from=str(path)).setup(_expansion_trainer())
+        assert str(error.value) == message
