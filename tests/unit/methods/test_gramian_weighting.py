@@ -640,11 +640,14 @@ def test_nashmtl_solves_the_bargaining_fixed_point(seed: int, k: int, p: int, sc
     assert 1 <= method.last_iterations <= 20 and method.last_residual <= 1e-5
 
 
-def test_nashmtl_reports_no_solve_before_its_first_step() -> None:
+def test_nashmtl_reports_no_solve_before_its_first_step_and_its_last_solve_after_a_restore() -> None:
     method = methods.get("nashmtl")(3)
     assert method.last_residual is None and method.last_iterations == 0 and method.stationary_steps == 0
     _, _, solved = nash(jacobian(0, 3, 5))
     assert isinstance(solved.last_residual, float) and solved.last_iterations >= 1
+    resumed = methods.get("nashmtl")(3)   # a restored Nash-MTL reports the weights of its last solve
+    resumed.load_state_dict(solved.state_dict())
+    assert resumed.last_weights.dtype == torch.float64 and torch.equal(resumed.last_weights, solved.last_weights)
 
 
 @pytest.mark.parametrize("seed,k,p", FULL_RANK)

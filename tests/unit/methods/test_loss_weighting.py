@@ -303,19 +303,27 @@ def test_smooth_tchebycheff_bounds_the_max() -> None:
 
 def test_stch_phases_nadir_and_softmax_weights() -> None:
     k, mu = 3, 0.5
-    stch = methods.build("stch", k, mu=mu, warmup_epochs=1)
+    stch = methods.build("stch", k, mu=mu, warmup_epochs=2)
     warm = torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64, requires_grad=True)
     assert stch.phase == "warmup"
     objective = stch.objective(warm)
     assert float(objective.detach()) == pytest.approx(float(warm.detach().log().sum()))
     stch.on_epoch_end(1)
+    assert stch.phase == "warmup"
+    stch.on_epoch_end(2)
     assert stch.phase == "nadir"
+    stch.on_epoch_end(3)  # an epoch end with no step since the last (a resume at the boundary): still estimating
+    assert stch.phase == "nadir" and stch.nadir is None
     nadir_losses = [torch.tensor([1.0, 2.0, 4.0]), torch.tensor([3.0, 2.0, 2.0])]
     for losses in nadir_losses:
         stch.objective(losses.double())
-    stch.on_epoch_end(2)
+    stch.on_epoch_end(4)
     assert stch.phase == "stch"
     torch.testing.assert_close(stch.nadir, torch.tensor([2.0, 2.0, 3.0], dtype=torch.float64))
+    one_step = methods.build("stch", k, warmup_epochs=0)  # a nadir epoch of one step: the nadir is its losses
+    one_step.objective(nadir_losses[0].double())
+    one_step.on_epoch_end(1)
+    torch.testing.assert_close(one_step.nadir, nadir_losses[0].double())
     clone = roundtrip(stch)
 
     losses = torch.tensor([1.0, 3.0, 0.6], dtype=torch.float64, requires_grad=True)
