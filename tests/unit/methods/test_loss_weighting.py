@@ -346,14 +346,15 @@ def test_stch_phases_nadir_and_softmax_weights() -> None:
 def test_losses_at_or_below_their_bounds_are_refused_naming_the_method(name: str) -> None:
     method = methods.build(name, 2, min_losses=[-1.0, 0.0])
     losses = torch.tensor([-1.0, 0.5], dtype=torch.float64)
-    with pytest.raises(InvalidParameterError) as error:
-        if name == "imtl":
-            method.before_backward(ctx(losses))     # the gradient of IMTL-L's scales
-        else:
-            method.objective(losses)
-    assert str(error.value) == (f"{name}: the method needs losses above their lower bounds, got losses "
-                                "[-1.0, 0.5] and min_losses [-1.0, 0.0]; set --hp min_losses=[...] below the "
-                                "attainable losses")
+    # IMTL-L shifts the losses for the gradient of its scales; the others in their objective and their weights
+    calls = [lambda: method.before_backward(ctx(losses))] if name == "imtl" else [
+        lambda: method.objective(losses), lambda: method.weights(losses)]
+    for call in calls:
+        with pytest.raises(InvalidParameterError) as error:
+            call()
+        assert str(error.value) == (f"{name}: the method needs losses above their lower bounds, got losses "
+                                    "[-1.0, 0.5] and min_losses [-1.0, 0.0]; set --hp min_losses=[...] below the "
+                                    "attainable losses")
 
 
 # -- FAMO -----------------------------------------------------------------------------------------
