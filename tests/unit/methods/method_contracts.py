@@ -6,7 +6,8 @@ checks that method against every property its family promises.
   the clone is built with another seed), a state saved before the first step restores, and the run seed
   alone decides a stochastic method's draws;
 * loss weighting (:class:`LossWeightingContract`): the gradient of the objective w.r.t. the losses is
-  exactly the weights the method logs (autograd against ``last_weights``, after every step);
+  exactly the weights the method logs (autograd against ``last_weights``, after every step), and those
+  weights come in the losses' dtype;
 * gradient methods (:class:`GradientContract`): one finite direction entry per parameter;
 * Gramian weightings (:class:`GramianContract`): the direction is ``last_weights @ J``, depends on J only
   through its Gramian (rotating the parameter space rotates the direction) and, for deterministic
@@ -77,8 +78,8 @@ class MethodContract:
 
 
 class LossWeightingContract(MethodContract):
-    def step(self, method: methods.Method, i: int) -> torch.Tensor:
-        losses = positive_losses(100 + i, self.n_tasks).requires_grad_(True)
+    def step(self, method: methods.Method, i: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        losses = positive_losses(100 + i, self.n_tasks).to(dtype).requires_grad_(True)
         method.before_backward(ctx(losses, step=i))
         gradient, = torch.autograd.grad(method.objective(losses), losses)
         after = losses.detach() * 0.9  # what a step did to the losses, for the methods that watch it (FAMO)
@@ -91,6 +92,13 @@ class LossWeightingContract(MethodContract):
         for i in range(4):
             gradient = self.step(method, i)
             torch.testing.assert_close(gradient, method.last_weights.to(gradient), rtol=1e-12, atol=0)
+
+    def test_the_weights_come_in_the_losses_dtype(self) -> None:
+        for dtype in (torch.float32, torch.float64):
+            method = self.build()
+            for i in range(3):
+                self.step(method, i, dtype)
+                assert method.last_weights.dtype == dtype, (dtype, i)
 
 
 class GradientContract(MethodContract):

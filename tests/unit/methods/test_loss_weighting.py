@@ -134,6 +134,8 @@ def test_dwa_follows_the_paper_over_epochs() -> None:
         # the task whose loss decreased least (largest ratio) gets the largest weight
         assert int(w_epoch[0].argmax()) == int(ratio.argmax())
         assert int(w_epoch[0].argmin()) == int(ratio.argmin())
+    # L(t) itself, not only the ratios: the last two epochs' mean losses
+    torch.testing.assert_close(dwa.epoch_means, means[-2:], rtol=1e-6, atol=0)
     # the objective applies the logged weights
     loss_vec = torch.tensor([0.3, 2.0, 0.7], requires_grad=True)
     (grad,) = torch.autograd.grad(dwa.objective(loss_vec), loss_vec)
@@ -342,14 +344,17 @@ def test_stch_phases_nadir_and_softmax_weights() -> None:
     torch.testing.assert_close(share, torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["stch", "imtl", "si"])
+@pytest.mark.parametrize("name", ["stch", "imtl", "si", "dwa", "uw", "gradnorm", "dbmtl"])
 def test_losses_at_or_below_their_bounds_are_refused_naming_the_method(name: str) -> None:
     method = methods.build(name, 2, min_losses=[-1.0, 0.0])
     losses = torch.tensor([-1.0, 0.5], dtype=torch.float64)
-    # IMTL-L shifts the losses for the gradient of its scales; the others in their objective and their weights
-    calls = [lambda: method.before_backward(ctx(losses))] if name == "imtl" else [
-        lambda: method.objective(losses), lambda: method.weights(losses)]
-    for call in calls:
+    # every place the method shifts the losses by their bounds: IMTL-L for the gradient of its scales, DB-MTL
+    # for its log-gradients, SI and STCH in their weights too
+    calls = {"imtl": [lambda: method.before_backward(ctx(losses))],
+             "dbmtl": [lambda: method.combine(torch.ones(2, 3, dtype=torch.float64), losses)],
+             "si": [lambda: method.objective(losses), lambda: method.weights(losses)],
+             "stch": [lambda: method.objective(losses), lambda: method.weights(losses)]}
+    for call in calls.get(name, [lambda: method.objective(losses)]):
         with pytest.raises(InvalidParameterError) as error:
             call()
         assert str(error.value) == (f"{name}: the method needs losses above their lower bounds, got losses "
