@@ -34,7 +34,7 @@ def two_task_min_norm(m11: float, m12: float, m22: float) -> float:
     return float(np.clip((m22 - m12) / denom, 0.0, 1.0))
 
 
-def min_norm_weights_frank_wolfe(gramian: Tensor, max_iter: int = 250, tol: float = 1e-5) -> Tensor:
+def min_norm_weights_frank_wolfe(gramian: Tensor, max_iter: int, tol: float) -> Tensor:
     """Frank–Wolfe solver of the min-norm problem as in Sener & Koltun (2018), Alg. 2.
 
     Starts from the best pair (closed form of Alg. 1), then repeatedly moves towards the vertex

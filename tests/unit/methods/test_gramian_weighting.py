@@ -43,7 +43,7 @@ from mtlflow.methods.gradvac import gradvac_coefficients
 from mtlflow.methods.imtlg import imtlg_weights
 from mtlflow.methods.nashmtl import CONIC_STATIONARITY_TOL, _CCCPProblem, cccp_start, stationarity_tol
 from mtlflow.methods.pcgrad import pcgrad_coefficients
-from mtlflow.methods.solvers import fairgrad_weights, min_norm_weights_qp
+from mtlflow.methods.solvers import fairgrad_weights, min_norm_weights_frank_wolfe, min_norm_weights_qp
 
 # -- MGDA ----------------------------------------------------------------------------------------
 
@@ -82,6 +82,32 @@ def test_mgda_qp_satisfies_kkt(seed: int, k: int, p: int, scale: float) -> None:
     stationarity, complementarity = kkt_residuals(gramian(grads), w, active=1e-6)
     assert stationarity <= 1e-6
     assert complementarity <= 1e-6
+
+
+@pytest.mark.parametrize("seed,k,p", [(0, 3, 5), (1, 4, 6), (2, 5, 3)])
+def test_frank_wolfe_starts_from_the_best_pair_of_tasks(seed: int, k: int, p: int) -> None:
+    """Sener & Koltun's Alg. 2 starts from the min-norm point of the best pair (Alg. 1's closed form, checked
+    here on every pair); with no iteration that start is the answer."""
+    g = jacobian(seed, k, p).numpy()
+    best, expected = np.inf, None
+    for i in range(k):
+        for j in range(i + 1, k):
+            diff = g[i] - g[j]
+            gamma = float(np.clip((g[j] @ g[j] - g[i] @ g[j]) / (diff @ diff), 0.0, 1.0))
+            point = gamma * g[i] + (1 - gamma) * g[j]
+            if point @ point < best:
+                best, expected = point @ point, np.zeros(k)
+                expected[i], expected[j] = gamma, 1 - gamma
+    w = min_norm_weights_frank_wolfe(torch.from_numpy(g @ g.T), 0, 1e-5).numpy()
+    np.testing.assert_allclose(w, expected, rtol=1e-9, atol=1e-12)
+
+
+def test_mgda_of_one_task_is_its_gradient_with_either_solver() -> None:
+    g = jacobian(3, 1, 7)
+    for solver in ("frank-wolfe", "qp"):
+        w, d = mgda_direction(g, solver)
+        assert w.dtype == np.float64 and w.tolist() == [1.0]
+        np.testing.assert_allclose(d, g.numpy()[0], rtol=1e-12)
 
 
 @pytest.mark.parametrize("seed,k,p", SHAPES)
