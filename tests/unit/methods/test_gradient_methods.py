@@ -263,6 +263,36 @@ def test_excessmtl_warmup_lasts_warmup_epochs_epochs() -> None:
     torch.testing.assert_close(method.last_weights, _excessmtl_weights_after_two_warmup_steps(grads))
 
 
+@pytest.mark.parametrize("warmup_epochs,zero_task_first", [(0, False), (1, False), (0, True), (1, True)])
+def test_excessmtl_baseline_is_the_first_estimate_that_is_positive_for_every_task(warmup_epochs: int,
+                                                                                  zero_task_first: bool) -> None:
+    """Small gradients (estimates below 1). The baseline is the warm-up's mean estimate (one warm-up step here),
+    or without warm-up the first step's; when a task's estimate is 0 there (its gradient was zero) the baseline
+    waits for the next step whose estimates are all positive, and that step only sets it."""
+    grads = [0.1 * jacobian(110 + i, 2, 6) for i in range(3)]
+    if zero_task_first:
+        grads[0][1] = 0.0
+    squares, estimates = torch.zeros_like(grads[0]), []
+    for g in grads:
+        squares = squares + g ** 2
+        estimates.append((g ** 2 / torch.sqrt(squares + 1e-7)).sum(dim=1))
+    assert float(torch.cat(estimates).max()) < 1.0
+    method = methods.build("excessmtl", 2, warmup_epochs=warmup_epochs, robust_step_size=0.5)
+    uniform = torch.full((2,), 0.5, dtype=torch.float64)
+    weights = []
+    for step, g in enumerate(grads):
+        method.combine(g, torch.ones(2, dtype=torch.float64))
+        weights.append(method.last_weights)
+        if step == 0:
+            method.on_epoch_end(1)
+    torch.testing.assert_close(weights[0], uniform)
+    if zero_task_first:  # the baseline is the second step's estimate, which updates nothing
+        torch.testing.assert_close(weights[1], uniform)
+        torch.testing.assert_close(weights[2], torch.softmax(0.5 * estimates[2] / estimates[1], dim=0))
+    else:                # the baseline is the first step's estimate
+        torch.testing.assert_close(weights[1], torch.softmax(0.5 * estimates[1] / estimates[0], dim=0))
+
+
 # -- the family contract -----------------------------------------------------------------------------
 
 
