@@ -14,7 +14,7 @@ from method_helpers import FULL_RANK, RANK_DEFICIENT, fake_trainer, jacobian, po
 from torchjd import aggregation as torchjd_aggregation
 
 from mtlflow import methods
-from mtlflow.core.errors import NonFiniteValueError
+from mtlflow.core.errors import InvalidParameterError, NonFiniteValueError
 from mtlflow.methods.dbmtl import max_norm_balance
 from mtlflow.methods.graddrop import graddrop_direction, sign_purity
 from mtlflow.methods.moco import project_to_simplex
@@ -60,6 +60,17 @@ def test_dbmtl_ema_of_log_loss_gradients_and_scale_invariance() -> None:
     db2.combine(grads, losses)
     db2.combine(2 * grads, losses)               # factor 0.5 / 2 = 0.25
     torch.testing.assert_close(db2.ema_grads, (0.25 * 0.5 + 0.75 * 2) * grads / losses[:, None])
+
+
+def test_dbmtl_refuses_representation_gradients_in_one_line() -> None:
+    trainer = fake_trainer(small_model(2))
+    trainer.config.grad_wrt = "representation"
+    with pytest.raises(InvalidParameterError) as error:
+        methods.build("dbmtl", 2).setup(trainer)
+    assert str(error.value) == ("dbmtl keeps an EMA of per-task gradients of the shared parameters; per-sample "
+                                "representation gradients change with every batch: use grad_wrt=parameters")
+    trainer.config.grad_wrt = "parameters"
+    methods.build("dbmtl", 2).setup(trainer)
 
 
 def test_dbmtl_scales_head_gradients_and_roundtrips() -> None:
