@@ -14,9 +14,11 @@ combination, so the trainer's global rescaling multiplies it by K, matching the 
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from mtlflow.core.hparams import HParam, one_of, positive
+from mtlflow.methods._support import gramian_numpy
 from mtlflow.methods.base import GramianWeighting
 from mtlflow.methods.solvers import min_norm_weights_frank_wolfe, min_norm_weights_qp
 
@@ -34,6 +36,7 @@ class MGDA(GramianWeighting):
     }
 
     def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:
+        checked = torch.from_numpy(gramian_numpy(gramian, self.name))  # NaN/Inf refused naming the method
         if self.hp["solver"] == "qp":
-            return min_norm_weights_qp(gramian)
-        return min_norm_weights_frank_wolfe(gramian, self.hp["max_iter"], self.hp["tol"])
+            return min_norm_weights_qp(checked)
+        return min_norm_weights_frank_wolfe(checked, self.hp["max_iter"], self.hp["tol"])

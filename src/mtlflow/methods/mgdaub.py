@@ -30,6 +30,7 @@ from torch import Tensor
 
 from mtlflow.core.errors import SolverError
 from mtlflow.core.hparams import HParam, one_of, positive
+from mtlflow.methods._support import gramian_numpy
 from mtlflow.methods.base import GradInput, GramianWeighting
 from mtlflow.methods.solvers import min_norm_weights_frank_wolfe, min_norm_weights_qp
 
@@ -64,11 +65,12 @@ class MGDAUB(GramianWeighting):
     }
 
     def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:
-        scale = gradient_normalizers(gramian.to(torch.float64), losses.to(torch.float64), self.hp["normalization"])
+        gramian = torch.from_numpy(gramian_numpy(gramian, self.name))  # NaN/Inf refused naming the method
+        scale = gradient_normalizers(gramian, losses.to(torch.float64), self.hp["normalization"])
         if not bool((scale > 0).all()):
             raise SolverError(f"mgdaub: normalization {self.hp['normalization']!r} needs positive losses and "
                               "non-zero gradients; use normalization=none")
-        normalised = gramian.to(torch.float64) / torch.outer(scale, scale)
+        normalised = gramian / torch.outer(scale, scale)
         if self.hp["solver"] == "qp":
             alpha = min_norm_weights_qp(normalised)
         else:

@@ -10,8 +10,8 @@ checks that method against every property its family promises.
   weights come in the losses' dtype;
 * gradient methods (:class:`GradientContract`): one finite direction entry per parameter;
 * Gramian weightings (:class:`GramianContract`): the direction is ``last_weights @ J``, depends on J only
-  through its Gramian (rotating the parameter space rotates the direction) and, for deterministic
-  methods, does not depend on the order of the tasks.
+  through its Gramian (rotating the parameter space rotates the direction), a NaN gradient is refused in
+  one line naming the method, and, for deterministic methods, does not depend on the order of the tasks.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from method_helpers import ctx, jacobian, positive_losses, through_torch_save
 
 from mtlflow import methods
-from mtlflow.core.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError, NonFiniteValueError
 from mtlflow.methods.base import StepContext
 
 
@@ -122,6 +122,8 @@ class GramianContract(GradientContract):
     task_symmetric: ClassVar[bool] = True
     #: how closely the method's solver meets its optimality conditions (Nash-MTL's iterations stop near 1e-9)
     solver_atol: ClassVar[float] = 1e-9
+    #: False for a method that returns non-finite weights for the trainer to report (a plug-in may)
+    refuses_non_finite: ClassVar[bool] = True
 
     def test_the_direction_is_the_logged_weights_times_the_gradients(self) -> None:
         method = self.build()
@@ -137,6 +139,19 @@ class GramianContract(GradientContract):
             grads, losses = self.data(i)
             torch.testing.assert_close(rotated.combine(grads @ rotation, losses),
                                        plain.combine(grads, losses) @ rotation, rtol=1e-7, atol=self.solver_atol)
+
+    def test_a_non_finite_gradient_is_refused_naming_the_method(self) -> None:
+        """Through ``combine`` (the Jacobian) and through ``weights_from_gramian`` (the Gramian the autogram
+        backend hands over)."""
+        if not self.refuses_non_finite:
+            pytest.skip(f"{self.name} leaves non-finite input to the trainer, which names it at the step")
+        grads, losses = self.data(0)
+        grads[1, 2] = float("nan")
+        gramian = grads @ grads.T
+        for solve in (lambda m: m.combine(grads, losses), lambda m: m.weights_from_gramian(gramian, losses)):
+            with pytest.raises(NonFiniteValueError) as error:
+                solve(self.build())
+            assert str(error.value).startswith(f"{self.name}: ") and "\n" not in str(error.value)
 
     def test_relabelling_the_tasks_leaves_the_direction_unchanged(self) -> None:
         if not self.task_symmetric:
