@@ -62,6 +62,20 @@ def test_dbmtl_ema_of_log_loss_gradients_and_scale_invariance() -> None:
     torch.testing.assert_close(db2.ema_grads, (0.25 * 0.5 + 0.75 * 2) * grads / losses[:, None])
 
 
+def test_dbmtl_logs_the_balancing_weights_and_refuses_gradients_of_another_shape() -> None:
+    db = methods.build("dbmtl", 2, beta=0.5, beta_sigma=0.0)
+    grads, losses = jacobian(5, 2, 4), torch.tensor([2.0, 0.5], dtype=torch.float64)
+    direction = db.combine(grads, losses)
+    ema = 0.5 * grads / losses[:, None]                         # (1 - β) log-gradient after one step
+    norms = ema.norm(dim=1)
+    torch.testing.assert_close(db.last_weights, norms.max() / norms)
+    torch.testing.assert_close(direction, db.last_weights @ ema)
+    with pytest.raises(InvalidParameterError) as error:
+        db.combine(jacobian(6, 2, 5), losses)
+    assert str(error.value) == ("dbmtl keeps an EMA of per-task gradients of shape (2, 4) but got (2, 5); use "
+                                "gradients w.r.t. the shared parameters (grad_wrt=parameters)")
+
+
 def test_dbmtl_refuses_representation_gradients_in_one_line() -> None:
     trainer = fake_trainer(small_model(2))
     trainer.config.grad_wrt = "representation"

@@ -400,3 +400,19 @@ def test_the_router_reads_stacked_task_features_concatenated_or_averaged():
     assert torch.equal(batch_features_reader(model, "concat")(z), torch.cat([z[0], z[1]], dim=1))
     plain = object.__new__(MultiTaskModel)
     assert batch_features_reader(plain, "mean")(z) is z
+
+
+def test_the_mlp_router_reads_features_with_their_spatial_dimensions_averaged():
+    from mtlflow.methods.ldcmtl import router_input
+
+    gen = torch.Generator().manual_seed(0)
+    images, sequences, flat = (torch.randn(*shape, generator=gen, dtype=torch.float64)
+                               for shape in ((2, 3, 4, 5), (2, 3, 6), (2, 3)))
+    torch.testing.assert_close(router_input(images), images.mean(dim=(2, 3)))      # [B, C, H, W] -> [B, C]
+    torch.testing.assert_close(router_input(sequences), sequences.mean(dim=2))     # [B, C, L] -> [B, C]
+    assert torch.equal(router_input(flat), flat)
+    for features in (torch.ones(3), (images,)):   # a vector, and features that are not one tensor
+        with pytest.raises(InvalidParameterError) as error:
+            router_input(features)
+        assert str(error.value) == ("ldcmtl: router=mlp needs shared features of shape [B, d] or [B, C, ...] "
+                                    "(this model's features are not); use --hp router=vector")
