@@ -32,7 +32,7 @@ from mtlflow.methods.base import GramianWeighting
 SCALE_MODES = ("min", "median", "rmse")
 
 
-def balance_transform(gramian: Tensor, scale_mode: str = "min") -> Tensor:
+def balance_transform(gramian: Tensor, scale_mode: str) -> Tensor:
     """B = σ V Λ^{-1/2} Vᵀ (K×K) such that B J has all non-zero singular values equal to σ."""
     # float64 (bf16 has no eigh), but the rank cut-off keeps the precision the Gramian was formed in
     g = torch.from_numpy(gramian_array(gramian, "alignedmtl")).to(gramian.device)

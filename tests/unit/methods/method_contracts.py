@@ -7,7 +7,7 @@ checks that method against every property its family promises.
   alone decides a stochastic method's draws;
 * loss weighting (:class:`LossWeightingContract`): the gradient of the objective w.r.t. the losses is
   exactly the weights the method logs (autograd against ``last_weights``, after every step), and those
-  weights come in the losses' dtype;
+  weights and the objective come in the losses' dtype;
 * gradient methods (:class:`GradientContract`): one finite direction entry per parameter;
 * Gramian weightings (:class:`GramianContract`): the direction is ``last_weights @ J``, depends on J only
   through its Gramian (rotating the parameter space rotates the direction), a NaN gradient is refused in
@@ -93,12 +93,15 @@ class LossWeightingContract(MethodContract):
             gradient = self.step(method, i)
             torch.testing.assert_close(gradient, method.last_weights.to(gradient), rtol=1e-12, atol=0)
 
-    def test_the_weights_come_in_the_losses_dtype(self) -> None:
+    def test_the_weights_and_the_objective_come_in_the_losses_dtype(self) -> None:
         for dtype in (torch.float32, torch.float64):
             method = self.build()
             for i in range(3):
                 self.step(method, i, dtype)
                 assert method.last_weights.dtype == dtype, (dtype, i)
+            losses = positive_losses(110, self.n_tasks).to(dtype).requires_grad_(True)
+            method.before_backward(ctx(losses, step=3))
+            assert method.objective(losses).dtype == dtype
 
 
 class GradientContract(MethodContract):

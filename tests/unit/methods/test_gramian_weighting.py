@@ -366,6 +366,16 @@ def test_gradvac_first_step_is_pcgrad(seed: int, k: int, p: int) -> None:
     np.testing.assert_allclose(coef, pcgrad_coefficients(g @ g.T, orders), atol=1e-12)
 
 
+def test_gradvac_direction_of_two_conflicting_tasks_at_the_first_step_is_the_sum_of_their_projections() -> None:
+    """Targets start at 0, so the first step projects each of two conflicting gradients onto the other's normal
+    plane (PCGrad) and the update is the sum of the two projected gradients, by hand."""
+    g0, g1 = torch.tensor([1.0, 0.5, 0.0], dtype=torch.float64), torch.tensor([-0.8, 1.0, 0.3], dtype=torch.float64)
+    assert float(g0 @ g1) < 0
+    expected = (g0 - (g0 @ g1) / (g1 @ g1) * g1) + (g1 - (g0 @ g1) / (g0 @ g0) * g0)
+    d, _ = direction("gradvac", torch.stack([g0, g1]))
+    np.testing.assert_allclose(d, expected.numpy(), rtol=1e-12, atol=1e-15)
+
+
 @pytest.mark.parametrize("seed,k,p", FULL_RANK)
 def test_gradvac_raises_cosines_to_the_target(seed: int, k: int, p: int) -> None:
     g = jacobian(seed, k, p).numpy()
@@ -853,6 +863,14 @@ def test_nashmtl_against_torchjd_when_ecos_is_available() -> None:
 
 
 # -- Aligned-MTL ---------------------------------------------------------------------------------
+
+def test_alignedmtl_of_zero_gradients_is_the_zero_update_with_the_mean_weights() -> None:
+    """No non-zero eigenvalue to align: the transform is the identity, so the weights are the preference 1/K."""
+    d, method = direction("alignedmtl", torch.zeros(3, 5, dtype=torch.float64))
+    assert np.array_equal(d, np.zeros(5))
+    assert method.last_weights.dtype == torch.float64
+    np.testing.assert_array_equal(method.last_weights.numpy(), np.full(3, 1 / 3))
+
 
 @pytest.mark.parametrize("scale_mode", ["min", "median", "rmse"])
 @pytest.mark.parametrize("seed,k,p", FULL_RANK + RANK_DEFICIENT)
