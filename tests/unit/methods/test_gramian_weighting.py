@@ -10,6 +10,7 @@ Aligned-MTL (equal singular values), UPGrad (non-conflicting, linear); then the 
 from __future__ import annotations
 
 import math
+import warnings
 from types import SimpleNamespace
 from typing import Any
 
@@ -609,6 +610,18 @@ def test_cagrad_two_task_closed_form_dual_matches_slsqp(seed: int) -> None:
     assert dual(two_task_dual(a, radius)) <= dual(slsqp_dual(a, radius)) + 1e-12
 
 
+def test_cagrad_two_task_dual_of_identical_gradients_splits_evenly() -> None:
+    """g_1 = g_2 (zero or not): F is constant on the segment, and the closed form returns the midpoint (no division
+    by ‖u‖² = 0)."""
+    from mtlflow.methods.cagrad import two_task_dual
+
+    for g in (np.array([[3.0, -1.0, 2.0], [3.0, -1.0, 2.0]]), np.zeros((2, 3))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            w = two_task_dual(g @ g.T, 0.4)
+        np.testing.assert_array_equal(w, [0.5, 0.5])
+
+
 def test_cagrad_uncertified_solve_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     import mtlflow.methods.cagrad as cagrad
 
@@ -627,8 +640,6 @@ def test_cagrad_uncertified_solve_raises(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_cagrad_dual_solve_at_an_optimal_kink_returns_it_silently() -> None:
-    import warnings
-
     from mtlflow.methods.cagrad import slsqp_dual
 
     # g_1 + g_2 = 0 and g_3 + g_4 = 0: at the start w = b, g_w = 0, where F(w) = wᵀAb + r‖g_w‖ = r‖g_w‖
