@@ -16,7 +16,7 @@ from mtlflow import benchmarks, jobs
 from mtlflow.benchmarks.asmg_synthetic import PROBLEMS, mixed_ellipsoid_rastrigin, shift_l1_ellipsoid, start_point
 from mtlflow.cli import main
 from mtlflow.config.run import RunConfig
-from mtlflow.core.errors import InvalidParameterError, NonFiniteLossError
+from mtlflow.core.errors import DataError, InvalidParameterError, NonFiniteLossError
 from mtlflow.engine.trainer import Trainer
 from mtlflow.methods._blackbox import (
     ASMG,
@@ -218,3 +218,21 @@ def test_init_from_a_model_of_other_shapes_is_refused_in_one_line(tmp_path: Path
         method._load_weights(nn.Linear(2, 2), path, torch.device("cpu"))
     assert str(error.value) == (f"asmg: {path} does not match this model (RuntimeError); train it on the same "
                                 "benchmark and tasks")
+
+
+def test_init_from_reads_a_run_model_or_a_bare_state_dict_and_names_a_missing_file(tmp_path: Path) -> None:
+    from mtlflow import methods
+
+    source = nn.Linear(2, 2)
+    run_model, bare = tmp_path / "model.pt", tmp_path / "weights.pt"
+    torch.save({"state_dict": source.state_dict(), "benchmark": "b"}, run_model)   # a run's model.pt
+    torch.save(source.state_dict(), bare)                                          # torch.save(model.state_dict())
+    method = methods.build("asmg", 2)
+    for path in (run_model, bare):
+        target = nn.Linear(2, 2)
+        method._load_weights(target, path, torch.device("cpu"))
+        assert torch.equal(target.weight, source.weight) and torch.equal(target.bias, source.bias)
+    missing = tmp_path / "none.pt"
+    with pytest.raises(DataError) as error:
+        method._load_weights(nn.Linear(2, 2), missing, torch.device("cpu"))
+    assert str(error.value) == f"asmg: init_from file not found: {missing}; give a run's model.pt"

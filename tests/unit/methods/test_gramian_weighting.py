@@ -610,6 +610,21 @@ def test_cagrad_two_task_closed_form_dual_matches_slsqp(seed: int) -> None:
     assert dual(two_task_dual(a, radius)) <= dual(slsqp_dual(a, radius)) + 1e-12
 
 
+def test_cagrad_with_nothing_to_balance_is_the_mean_gradient_with_a_zero_gap() -> None:
+    """One task, c = 0, all-zero gradients, and a mean gradient g_0 = 0 (two opposite tasks): d = g_0, i.e. the
+    weights 1/K, certified exactly (gap 0), without a solve."""
+    from mtlflow.methods.cagrad import cagrad_weights
+
+    g = jacobian(11, 3, 5).numpy()
+    opposite = np.stack([g[0], -g[0]])
+    cases = [(g[:1] @ g[:1].T, 0.4), (g @ g.T, 0.0), (np.zeros((3, 3)), 0.4), (opposite @ opposite.T, 0.4)]
+    for a, c in cases:
+        weights, gap = cagrad_weights(a, c, 1e-6)
+        k = a.shape[0]
+        np.testing.assert_array_equal(weights, np.full(k, 1.0 / k))
+        assert gap == 0.0
+
+
 def test_cagrad_two_task_dual_of_identical_gradients_splits_evenly() -> None:
     """g_1 = g_2 (zero or not): F is constant on the segment, and the closed form returns the midpoint (no division
     by ‖u‖² = 0)."""
