@@ -615,6 +615,7 @@ def test_cagrad_with_nothing_to_balance_is_the_mean_gradient_with_a_zero_gap() -
     weights 1/K, certified exactly (gap 0), without a solve."""
     from mtlflow.methods.cagrad import cagrad_weights
 
+    assert methods.build("cagrad", 3).last_gap is None   # no solve yet, no gap to report
     g = jacobian(11, 3, 5).numpy()
     opposite = np.stack([g[0], -g[0]])
     cases = [(g[:1] @ g[:1].T, 0.4), (g @ g.T, 0.0), (np.zeros((3, 3)), 0.4), (opposite @ opposite.T, 0.4)]

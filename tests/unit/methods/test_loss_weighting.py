@@ -410,6 +410,9 @@ def test_famo_hooks_update_logits_from_observed_decrease() -> None:
     famo.after_optimizer_step(ctx)
     z = famo.task_weights()
     assert z[0] < 0.5 < z[1]
+    # one update per observed step: a second hook without a new before_backward changes nothing
+    famo.after_optimizer_step(ctx)
+    assert torch.equal(famo.task_weights(), z)
 
 
 @pytest.mark.parametrize("k", [2, 3, 5])
