@@ -59,12 +59,12 @@ def gramian_array(gramian: Tensor | np.ndarray, method: str) -> np.ndarray:
     if not np.all(np.isfinite(m)):
         raise NonFiniteValueError(f"{method}: the task-gradient Gramian contains NaN or Inf; "
                                   "check the losses and lower --lr")
-    m = 0.5 * (m + m.T)
+    m = 0.5 * m + 0.5 * m.T   # halves first: m + m.T overflows for entries above half the float64 range
     eigenvalues, vectors = np.linalg.eigh(m)
     if eigenvalues[0] >= -PSD_TOLERANCE * max(float(eigenvalues[-1]), 0.0):
         return m
     clipped = (vectors * np.clip(eigenvalues, 0.0, None)) @ vectors.T
-    return 0.5 * (clipped + clipped.T)
+    return 0.5 * clipped + 0.5 * clipped.T
 
 
 def psd_factor(m: np.ndarray) -> np.ndarray:

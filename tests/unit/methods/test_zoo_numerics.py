@@ -403,3 +403,11 @@ def test_method_state_is_a_detached_float64_cpu_copy_whatever_it_was_given() -> 
     saved["epoch_sum"].add_(10.0)
     restored = dwa.state_dict()["epoch_sum"]
     assert restored.dtype == torch.float64 and restored.tolist() == [1.0, 2.0]
+
+
+def test_a_gramian_near_the_top_of_the_float64_range_stays_finite() -> None:
+    """Symmetrising must not overflow: entries of 1.5e308 (finite) are not turned into Inf, then NaN."""
+    from mtlflow.methods._numerics import gramian_array
+
+    m = np.array([[1.5e308, 1.0e308], [1.0e308, 1.5e308]])
+    np.testing.assert_array_equal(gramian_array(m, "test"), m)
