@@ -123,6 +123,9 @@ def test_graddrop_keeps_one_sign_per_coordinate(seed: int, k: int, p: int) -> No
     torch.testing.assert_close(graddrop_direction(grads, uniform, leak=1.0), grads.sum(dim=0))
     half = graddrop_direction(grads, uniform, leak=0.5)
     torch.testing.assert_close(half, 0.5 * grads.sum(dim=0) + 0.5 * out)
+    # the method passes its leak on: with leak 1 nothing is dropped, whatever its own draws
+    torch.testing.assert_close(methods.build("graddrop", k, leak=1.0).combine(grads, positive_losses(seed, k)),
+                               grads.sum(dim=0))
 
 
 def test_graddrop_picks_the_positive_sign_with_probability_p() -> None:

@@ -429,6 +429,16 @@ def test_famo_objective_gradient_equals_weights(k: int) -> None:
     assert not torch.allclose(expected, torch.full((k,), 1.0 / k, dtype=torch.float64))
 
 
+def test_famo_refuses_a_loss_at_or_below_its_bound_in_one_line() -> None:
+    famo = methods.build("famo", 2, min_losses=[0.5, 0.0], eps=0.25)
+    losses = torch.tensor([0.25, 1.0], dtype=torch.float64)   # L - L^min + eps = 0 exactly for task 0
+    with pytest.raises(InvalidParameterError) as error:
+        famo.objective(losses)
+    assert str(error.value) == (f"famo: a loss fell below its lower bound (losses {losses.tolist()}, min_losses "
+                                "[0.5, 0.0]); set --hp min_losses=[...] below the attainable losses")
+    famo.objective(torch.tensor([0.5, 1.0], dtype=torch.float64))  # at the bound itself eps keeps it positive
+
+
 def test_famo_state_dict_round_trip_is_exact() -> None:
     gen = torch.Generator().manual_seed(0)
     famo = methods.build("famo", 3, w_lr=0.05, gamma=0.01)

@@ -249,3 +249,13 @@ def test_oft_is_allowed_on_linear_trunks_and_merges_exactly():
         merged = adapters.merge_and_unload(adapted)
         assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(expected, merged(x)))
     assert not [n for n, _ in merged.named_modules() if "oft_" in n]
+
+
+def test_htr_reads_a_shared_parameter_without_a_gradient_as_zeros() -> None:
+    """The last update HTR keeps is the shared parameters' flat gradient; one that got no gradient this step
+    (frozen, or unused by every loss) counts as zeros, in place."""
+    from mtlflow.teleport.callback import _flat_grads
+
+    used, unused = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(3))
+    used.grad = torch.tensor([1.0, -2.0])
+    assert torch.equal(_flat_grads([used, unused]), torch.tensor([1.0, -2.0, 0.0, 0.0, 0.0]))
