@@ -79,6 +79,10 @@ def test_checkpoint_state_restores_the_teleport_count_and_htrs_last_update() -> 
     assert state.keys() == {"total_teleports", "last_update"}
     assert state["total_teleports"] == 3
     assert torch.equal(state["last_update"], torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]))
+    older = CostTeleport(options)   # a checkpoint written before the count was saved: no teleport counted yet
+    older.total_teleports = 5
+    older.load_state_dict({"last_update": None})
+    assert older.state_dict()["total_teleports"] == 0
 
 
 def test_without_htr_the_last_update_is_neither_kept_nor_saved() -> None:
