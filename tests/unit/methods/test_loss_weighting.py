@@ -279,6 +279,21 @@ def test_gradnorm_moves_weighted_gradient_norms_to_target_ratios(k: int, speeds:
     torch.testing.assert_close(clone.initial_losses, gn.initial_losses)
 
 
+def test_gradnorm_balances_the_last_trunk_layer_and_refuses_a_trunk_without_trainable_parameters() -> None:
+    model = small_model(2)
+    gn = methods.build("gradnorm", 2)
+    assert gn.last_grad_norms is None              # nothing measured before the first step
+    gn.setup(fake_trainer(model))
+    last = model.trunk[-1]                         # Linear(5, 4) after Tanh: its weight and bias
+    assert [id(p) for p in gn.shared_layer] == [id(last.weight), id(last.bias)]
+    for p in model.trunk.parameters():
+        p.requires_grad_(False)
+    with pytest.raises(InvalidParameterError) as error:
+        methods.build("gradnorm", 2).setup(fake_trainer(model))
+    assert str(error.value) == ("the model's shared trunk has no trainable parameters; this method needs a "
+                                "shared layer")
+
+
 def test_gradnorm_objective_uses_detached_weights_on_the_losses() -> None:
     gn = methods.build("gradnorm", 2)
     with torch.no_grad():
