@@ -1079,3 +1079,22 @@ def test_mgdaub_frank_wolfe_reaches_the_min_norm_weights_of_the_normalised_grami
     method = methods.build("mgdaub", 3, solver="frank-wolfe", normalization="l2", max_iter=5000, tol=1e-12)
     weights = method.weights_from_gramian(gramian, losses)
     assert torch.allclose(weights, best, atol=5e-3)
+
+
+def test_mgdaub_normalisers_are_those_of_sener_and_koltun() -> None:
+    """Sec. 3.3's normalisations of g_i before the min-norm solve: none, ‖g_i‖ (l2), L_i (loss), L_i ‖g_i‖ (loss+),
+    by hand for gradients shorter and longer than 1."""
+    from mtlflow.methods.mgdaub import gradient_normalizers
+
+    g = torch.tensor([[0.3, 0.4], [6.0, 8.0]], dtype=torch.float64)     # norms 0.5 and 10
+    losses = torch.tensor([2.0, 0.25], dtype=torch.float64)
+    expected = {"none": [1.0, 1.0], "l2": [0.5, 10.0], "loss": [2.0, 0.25], "loss+": [1.0, 2.5]}
+    for kind, values in expected.items():
+        torch.testing.assert_close(gradient_normalizers(g @ g.T, losses, kind),
+                                   torch.tensor(values, dtype=torch.float64), rtol=1e-12, atol=0)
+    # the method solves the min-norm problem of the normalised gradients g_i / L_i: two tasks in closed form
+    u = (g / losses[:, None]).numpy()
+    diff = u[0] - u[1]
+    gamma = float(np.clip((u[1] @ u[1] - u[0] @ u[1]) / (diff @ diff), 0.0, 1.0))
+    weights = methods.build("mgdaub", 2, normalization="loss").weights_from_gramian(g @ g.T, losses)
+    np.testing.assert_allclose(weights.numpy(), [gamma, 1.0 - gamma], rtol=1e-9)

@@ -416,3 +416,22 @@ def test_the_mlp_router_reads_features_with_their_spatial_dimensions_averaged():
             router_input(features)
         assert str(error.value) == ("ldcmtl: router=mlp needs shared features of shape [B, d] or [B, C, ...] "
                                     "(this model's features are not); use --hp router=vector")
+
+
+def test_a_checkpoint_written_before_the_mlp_router_exists_restores_a_method_that_builds_it_later():
+    """A run stopped before its first step: the MLP router (built from the first batch's width), its optimizer
+    and the loss reference do not exist yet; the checkpoint says so and the restored method builds them later."""
+    fresh = mlp_method(seed=0, normalization="rescale")
+    state = fresh.state_dict()
+    assert (state["router"], state["optimizer"], state["reference_losses"]) == (None, None, None)
+    checkpoint = io.BytesIO()
+    torch.save(state, checkpoint)
+    checkpoint.seek(0)
+    resumed = mlp_method(seed=0, normalization="rescale")
+    resumed.load_state_dict(torch.load(checkpoint, weights_only=False))
+    assert resumed.router is None and resumed.reference_losses is None
+    features, losses = torch.randn(4, 12, generator=torch.Generator().manual_seed(0)), torch.tensor([0.9, 0.3])
+    router_step(fresh, features, losses, 0)
+    router_step(resumed, features, losses, 0)
+    for (name, a), b in zip(fresh.router.state_dict().items(), resumed.router.state_dict().values()):
+        assert torch.equal(a, b), name
