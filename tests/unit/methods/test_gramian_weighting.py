@@ -1098,3 +1098,8 @@ def test_mgdaub_normalisers_are_those_of_sener_and_koltun() -> None:
     gamma = float(np.clip((u[1] @ u[1] - u[0] @ u[1]) / (diff @ diff), 0.0, 1.0))
     weights = methods.build("mgdaub", 2, normalization="loss").weights_from_gramian(g @ g.T, losses)
     np.testing.assert_allclose(weights.numpy(), [gamma, 1.0 - gamma], rtol=1e-9)
+    zero_task = torch.tensor([[0.0, 0.0], [6.0, 8.0]], dtype=torch.float64)   # ‖g_1‖ = 0: nothing to divide by
+    with pytest.raises(SolverError) as error:
+        methods.build("mgdaub", 2, normalization="l2").weights_from_gramian(zero_task @ zero_task.T, losses)
+    assert str(error.value) == ("mgdaub: normalization 'l2' needs positive losses and non-zero gradients; use "
+                                "normalization=none")

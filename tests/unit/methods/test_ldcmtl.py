@@ -435,3 +435,31 @@ def test_a_checkpoint_written_before_the_mlp_router_exists_restores_a_method_tha
     router_step(resumed, features, losses, 0)
     for (name, a), b in zip(fresh.router.state_dict().items(), resumed.router.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("router_lr", [None, 0.05])
+def test_the_router_steps_with_the_models_current_learning_rate_unless_given_its_own(router_lr):
+    """router_lr=None: the router's step size follows the model optimizer's current rate (a scheduler's too)."""
+    method = mlp_method(seed=0, router_lr=router_lr)
+    features, losses = torch.randn(4, 12, generator=torch.Generator().manual_seed(0)), torch.tensor([0.9, 0.3])
+    router_step(method, features, losses, 0)
+    method._trainer.optimizer = SimpleNamespace(param_groups=[{"lr": 0.003}])   # the scheduler lowered it
+    router_step(method, features, losses, 1)
+    assert [group["lr"] for group in method.router_optimizer.param_groups] == [router_lr or 0.003]
+
+
+def test_the_router_gradient_is_averaged_over_ranks_under_a_process_group(tmp_path):
+    """Under torchrun every rank takes the same router step: its gradients are all-reduced and divided by the
+    world size. With one rank (a real gloo group) the step is the plain one."""
+    import torch.distributed as dist
+
+    features, losses = torch.randn(4, 12, generator=torch.Generator().manual_seed(0)), torch.tensor([0.9, 0.3])
+    plain, grouped = mlp_method(seed=0), mlp_method(seed=0)
+    router_step(plain, features, losses, 0)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        router_step(grouped, features, losses, 0)
+    finally:
+        dist.destroy_process_group()
+    for (name, a), b in zip(plain.router.state_dict().items(), grouped.router.state_dict().values()):
+        assert torch.equal(a, b), name
