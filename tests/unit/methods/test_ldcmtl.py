@@ -14,7 +14,7 @@ import torch
 
 from mtlflow import benchmarks, jobs, methods
 from mtlflow.config.run import RunConfig
-from mtlflow.core.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError, NonFiniteLossError
 from mtlflow.methods.base import StepContext
 from mtlflow.methods.ldcmtl import LDCMTL, discrepancy, penalty
 
@@ -463,3 +463,18 @@ def test_the_router_gradient_is_averaged_over_ranks_under_a_process_group(tmp_pa
         dist.destroy_process_group()
     for (name, a), b in zip(plain.router.state_dict().items(), grouped.router.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_the_router_refuses_an_objective_before_its_hook_and_a_non_finite_gradient_in_one_line():
+    losses = torch.tensor([0.9, 0.3])
+    with pytest.raises(InvalidParameterError) as error:
+        mlp_method(seed=0).objective(losses)              # the MLP router is built by before_backward
+    assert str(error.value) == "ldcmtl: objective called before before_backward; the trainer calls both"
+    method = mlp_method(seed=0)
+    features = torch.randn(4, 12, generator=torch.Generator().manual_seed(0))
+    ctx = StepContext(step=7, epoch=1, losses=losses, recompute_losses=lambda: losses, extra={"features": features})
+    method.before_backward(ctx)
+    method.objective(torch.tensor([float("inf"), 0.3], requires_grad=True)).backward()
+    with pytest.raises(NonFiniteLossError) as error:
+        method.after_optimizer_step(ctx)
+    assert str(error.value) == "ldcmtl: non-finite router gradient at step 7; lower --lr"
