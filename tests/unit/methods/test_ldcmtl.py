@@ -58,6 +58,18 @@ def test_objective_is_discrepancy_plus_penalty_with_its_closed_form_gradient(tau
     np.testing.assert_allclose(method.last_weights.numpy(), sigma, rtol=1e-6)
 
 
+def test_the_objective_smooths_the_discrepancy_by_its_smooth_abs() -> None:
+    logits, lam, smooth = [0.3, -0.2, 0.5], 0.07, 0.01
+    losses = torch.tensor([2.0, 0.4, 1.1], dtype=torch.float64)
+    method = vector_method(logits, penalty=lam, tau="sigma", form="paper", smooth_abs=smooth)
+    method.before_backward(context(losses))
+    sigma = np.exp(logits) / np.exp(logits).sum()
+    l = losses.numpy()
+    gaps = sigma[:-1] * l[:-1] - sigma[1:] * l[1:]
+    expected = np.sqrt(gaps ** 2 + smooth).sum() + lam * (sigma * l).sum()   # f + λ g with |x| ~ √(x² + ε)
+    assert float(method.objective(losses)) == pytest.approx(expected, rel=1e-6)
+
+
 def test_discrepancy_uses_consecutive_pairs_and_the_smoothed_absolute_value() -> None:
     values, tau = torch.tensor([1.0, 3.0, 0.5, 0.5]), torch.tensor([0.5, 0.25, 1.0, 2.0])
     # weighted: 0.5, 0.75, 0.5, 1.0 -> gaps -0.25, 0.25, -0.5
