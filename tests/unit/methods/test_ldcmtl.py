@@ -67,7 +67,7 @@ def test_the_objective_smooths_the_discrepancy_by_its_smooth_abs() -> None:
     l = losses.numpy()
     gaps = sigma[:-1] * l[:-1] - sigma[1:] * l[1:]
     expected = np.sqrt(gaps ** 2 + smooth).sum() + lam * (sigma * l).sum()   # f + λ g with |x| ~ √(x² + ε)
-    assert float(method.objective(losses)) == pytest.approx(expected, rel=1e-6)
+    assert float(method.objective(losses).detach()) == pytest.approx(expected, rel=1e-6)
 
 
 def test_discrepancy_uses_consecutive_pairs_and_the_smoothed_absolute_value() -> None:
