@@ -9,7 +9,7 @@ D = [g_1 - g_2, ..., g_1 - g_K]ᵀ and U = [u_1 - u_2, ..., u_1 - u_K]ᵀ, is
 
 Equivalently (d·u_i = (Gα)_i / √G_ii equal for all i), α ∝ G⁻¹ √diag(G) with G = J Jᵀ the
 Gramian, normalised to Σ α_i = 1; this form is what is computed, in float64 on the Gramian's
-eigendecomposition (eigenvalues below K·ε₆₄·λmax dropped: the pseudo-inverse, TorchJD's
+eigendecomposition (eigenvalues at or below K·ε₆₄·λmax dropped: the pseudo-inverse, TorchJD's
 generalisation to linearly dependent gradients). The difference form above cancels catastrophically
 when tasks nearly agree: with near-duplicate fp32 gradients it returned α ≈ ±2.5e7 and a wrong
 direction. When Σ (G⁺ √diag G)_i = 0 (e.g. two exactly opposite gradients of equal norm) the only
