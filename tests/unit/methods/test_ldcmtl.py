@@ -384,6 +384,24 @@ def test_sigma_clamp_bounds_the_weights_and_stops_their_gradient_at_the_bound() 
     assert float(method.router.logits.grad.abs().max()) == 0.0  # both clamped: no push towards collapse
     with pytest.raises(InvalidParameterError, match="sigma_min"):
         methods.build("ldcmtl", 3, sigma_min=0.4)
+    for bounds, expected in (({"sigma_min": 0.2}, [sigma[0], 0.2]), ({"sigma_max": 0.8}, [0.8, sigma[1]])):
+        one_sided = vector_method([3.0, -3.0], **bounds)   # either bound alone clamps too
+        one_sided.before_backward(context(losses))
+        one_sided.objective(losses)
+        np.testing.assert_allclose(one_sided.last_weights.numpy(), expected, rtol=1e-6)
+
+
+def test_the_mlp_router_averages_each_samples_softmax_over_the_batch() -> None:
+    """σ(W) of the MLP router: the softmax over the K tasks of each sample's output, averaged over the batch
+    (so it sums to 1), i.e. the mean of the routers of the single samples."""
+    from mtlflow.methods.ldcmtl import Router
+
+    torch.manual_seed(0)
+    router = Router(3, "mlp", 6, bias=True)
+    features = torch.randn(5, 6)
+    sigma = router(features).detach()
+    assert sigma.shape == (3,) and float(sigma.sum()) == pytest.approx(1.0, abs=1e-6)
+    torch.testing.assert_close(sigma, torch.stack([router(features[i:i + 1]).detach() for i in range(5)]).mean(dim=0))
 
 
 def test_table5_step_sizes_are_the_ldcmtl_training_defaults() -> None:
