@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import math
+import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from mtlflow import benchmarks, jobs, methods
 from mtlflow.config.run import RunConfig
 from mtlflow.core.callbacks import Callback
-from mtlflow.core.errors import InvalidParameterError
+from mtlflow.core.errors import InvalidParameterError, NonFiniteLossError
 from mtlflow.engine.trainer import Trainer
 from mtlflow.methods._moblo import (
     BilevelState,
@@ -454,3 +456,27 @@ def test_forum_constraint_gradient_in_alpha_is_the_loss_drop_of_the_inner_steps(
     expected = (before.detach() - after).to(torch.float64)
     assert float(expected.abs().min()) > 1e-3                         # the inner step changed both losses
     torch.testing.assert_close(seen[0], expected, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["moml", "forum"])
+def test_a_bilevel_step_reports_the_seconds_its_upper_solver_took(name: str, multimnist_small: Path,
+                                                                  tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    bench, data = jobs.load_prepared(multimnist_small)
+    trainer = _trainer(bench, data, tmp_path, name, {"inner_steps": 1})
+    batch = next(iter(trainer._loader(1)))
+    started = time.perf_counter()
+    info = trainer.train_step(batch, 1)
+    assert 0.0 <= info["solver_seconds"] <= time.perf_counter() - started
+
+
+def test_moml_refuses_diverged_validation_losses_in_one_line(multimnist_small: Path, tmp_path: Path) -> None:
+    """An inner step far too large makes the unrolled model's validation losses non-finite: one line naming the
+    method, the losses, the step and the step sizes to lower."""
+    torch.set_num_threads(1)
+    bench, data = jobs.load_prepared(multimnist_small)
+    trainer = _trainer(bench, data, tmp_path, "moml", {"inner_steps": 2, "inner_lr": 1e30})
+    with pytest.raises(NonFiniteLossError) as error:
+        trainer.train_step(next(iter(trainer._loader(1))), 1)
+    assert re.fullmatch(r"moml: non-finite validation losses \(\[[^\n]*\]\) at step 0; lower --lr or the "
+                        r"method's inner_lr/outer_lr", str(error.value)), str(error.value)
