@@ -360,16 +360,21 @@ def test_the_callbacks_of_a_bilevel_step_see_the_trainers_step_and_epoch(name: s
         def before_optimizer_step(self, trainer, state) -> None:
             self.seen.append((state.epoch, state.step))
             self.batches.append(state.batch)
+            self.losses.append(state.losses)
 
     torch.set_num_threads(1)
     bench, data = jobs.load_prepared(multimnist_small)
     log = StepLog()
+    log.losses = []
     trainer = _trainer(bench, data, tmp_path, name, {"inner_steps": 1}, (log,))
     batch = next(iter(trainer._loader(1)))
+    with torch.no_grad():
+        first_losses = trainer.forward_pass(batch).stacked   # the upper step moves α, not the model
     trainer.train_step(batch, 3)
     trainer.train_step(batch, 3)
     assert log.seen == [(3, 0), (3, 1)]
     assert len(log.batches) == 2 and all(seen is batch for seen in log.batches)
+    torch.testing.assert_close(log.losses[0], first_losses)   # and the step's training losses
 
 
 def _spy_on_forum_gram(monkeypatch: pytest.MonkeyPatch, argument: str) -> list[torch.Tensor]:
@@ -480,3 +485,19 @@ def test_moml_refuses_diverged_validation_losses_in_one_line(multimnist_small: P
         trainer.train_step(next(iter(trainer._loader(1))), 1)
     assert re.fullmatch(r"moml: non-finite validation losses \(\[[^\n]*\]\) at step 0; lower --lr or the "
                         r"method's inner_lr/outer_lr", str(error.value)), str(error.value)
+
+
+def test_moml_with_its_task_weights_still_uniform_steps_the_model_as_linear_scalarisation(multimnist_small: Path,
+                                                                                        tmp_path: Path) -> None:
+    """α = 1/K times the trainer's ×K convention is LS's objective: with an upper step too small to move α, one
+    MOML step moves the model exactly as one LS step from the same start."""
+    torch.set_num_threads(1)
+    bench, data = jobs.load_prepared(multimnist_small)
+    moml = _trainer(bench, data, tmp_path, "moml", {"inner_steps": 1, "outer_lr": 1e-12})
+    ls = _trainer(bench, data, tmp_path / "ls", "ls", {})
+    ls.model.load_state_dict(moml.model.state_dict())
+    batch = next(iter(moml._loader(1)))
+    moml.train_step(batch, 1)
+    ls.train_step(batch, 1)
+    for (key, a), b in zip(moml.model.state_dict().items(), ls.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=key)
