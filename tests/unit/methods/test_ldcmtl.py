@@ -508,3 +508,17 @@ def test_the_router_refuses_an_objective_before_its_hook_and_a_non_finite_gradie
     with pytest.raises(NonFiniteLossError) as error:
         method.after_optimizer_step(ctx)
     assert str(error.value) == "ldcmtl: non-finite router gradient at step 7; lower --lr"
+
+
+def test_the_double_loop_refuses_a_step_without_the_trainers_batch_and_a_diverged_inner_loop(
+        multimnist_small: Path, tmp_path: Path) -> None:
+    losses = torch.tensor([0.9, 0.3], dtype=torch.float64)
+    with pytest.raises(InvalidParameterError) as error:   # the toy runner hands no batch
+        vector_method([0.0, 0.0], loop="double").before_backward(context(losses))
+    assert str(error.value) == ("ldcmtl: loop=double needs the trainer's batch (mtlflow train); the toy runner "
+                                "supports loop=single only")
+    trainer, batch = trainer_for(multimnist_small, tmp_path, router="vector", loop="double", inner_steps=2,
+                                 inner_lr=1e30)
+    with pytest.raises(NonFiniteLossError) as error:
+        trainer.train_step(batch, epoch=1)
+    assert str(error.value) == "ldcmtl: the inner loop diverged at step 0; lower --hp inner_lr"
