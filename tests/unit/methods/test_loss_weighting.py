@@ -454,6 +454,20 @@ def test_famo_refuses_a_loss_at_or_below_its_bound_in_one_line() -> None:
     famo.objective(torch.tensor([0.5, 1.0], dtype=torch.float64))  # at the bound itself eps keeps it positive
 
 
+def test_famo_gamma_decays_the_logits_towards_uniform_weights() -> None:
+    """γ is the weight decay of the logits' Adam step (the FAMO code's regulariser): with no observed change in
+    the losses (δ = 0) the logits move towards 0 only when γ > 0."""
+    moved = {}
+    for gamma in (0.0, 0.1):
+        famo = methods.build("famo", 2, gamma=gamma)
+        with torch.no_grad():
+            famo.logits.copy_(torch.tensor([1.0, -1.0]))
+        famo.update_logits(torch.zeros(2))
+        moved[gamma] = famo.logits.detach().clone()
+    assert torch.equal(moved[0.0], torch.tensor([1.0, -1.0]))
+    assert float(moved[0.1][0]) < 1.0 and float(moved[0.1][1]) > -1.0
+
+
 def test_famo_state_dict_round_trip_is_exact() -> None:
     gen = torch.Generator().manual_seed(0)
     famo = methods.build("famo", 3, w_lr=0.05, gamma=0.01)

@@ -473,6 +473,7 @@ def test_a_bilevel_step_reports_the_seconds_its_upper_solver_took(name: str, mul
     started = time.perf_counter()
     info = trainer.train_step(batch, 1)
     assert 0.0 <= info["solver_seconds"] <= time.perf_counter() - started
+    assert torch.equal(info["weights"], trainer.method.last_weights)   # the task weights it logs
 
 
 def test_moml_refuses_diverged_validation_losses_in_one_line(multimnist_small: Path, tmp_path: Path) -> None:
