@@ -77,3 +77,17 @@ def roundtrip(method: methods.Method) -> methods.Method:
     clone = methods.build(method.name, method.n_tasks, **method.hp)
     clone.load_state_dict(copy.deepcopy(method.state_dict()))
     return clone
+
+
+def hide_cvxpy(monkeypatch) -> None:
+    """Make ``import cvxpy`` fail from now on in this test, as on a machine without it."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_cvxpy(name, *args, **kwargs):
+        if name == "cvxpy":
+            raise ImportError("No module named 'cvxpy'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_cvxpy)

@@ -29,6 +29,7 @@ from method_helpers import (
     direction,
     fake_trainer,
     gramian,
+    hide_cvxpy,
     jacobian,
     random_orders,
     roundtrip,
@@ -1048,18 +1049,9 @@ def test_fairgrad_resumes_its_count_of_stationary_steps() -> None:
 
 
 def test_a_method_without_cvxpy_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    import builtins
-
     from mtlflow.methods._cvx import require_cvxpy
 
-    real_import = builtins.__import__
-
-    def no_cvxpy(name, *args, **kwargs):
-        if name == "cvxpy":
-            raise ImportError("No module named 'cvxpy'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_cvxpy)
+    hide_cvxpy(monkeypatch)
     with pytest.raises(SolverError) as error:
         require_cvxpy("nashmtl")
     assert str(error.value) == "nashmtl needs cvxpy: pip install cvxpy (it brings the Clarabel solver)"

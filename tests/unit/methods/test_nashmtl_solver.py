@@ -8,12 +8,11 @@ solver (MoCo), which continues the uninterrupted run exactly.
 
 from __future__ import annotations
 
-import builtins
 
 import numpy as np
 import pytest
 import torch
-from method_helpers import jacobian, positive_losses, through_torch_save
+from method_helpers import hide_cvxpy, jacobian, positive_losses, through_torch_save
 from scipy.optimize import minimize
 
 from mtlflow import methods
@@ -179,14 +178,7 @@ def test_a_second_solve_of_the_same_gramian_starts_at_the_solution_and_takes_one
 
 def test_the_cccp_problem_built_without_cvxpy_names_nashmtl(monkeypatch: pytest.MonkeyPatch) -> None:
     method = methods.build("nashmtl", 3)          # cvxpy and the solver were there at construction
-    real_import = builtins.__import__
-
-    def no_cvxpy(name, *args, **kwargs):
-        if name == "cvxpy":
-            raise ImportError("No module named 'cvxpy'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_cvxpy)
+    hide_cvxpy(monkeypatch)
     with pytest.raises(SolverError) as error:
         solve(jacobian(2, 3, 10), method)          # the CCCP problem is built on the first K ≥ 3 solve
     assert str(error.value) == "nashmtl needs cvxpy: pip install cvxpy (it brings the Clarabel solver)"
