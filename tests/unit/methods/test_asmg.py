@@ -113,6 +113,32 @@ def test_asmg_reaches_high_precision_on_the_synthetic_problems(problem: str) -> 
     assert optimizer.clipped == 0
 
 
+@pytest.mark.parametrize("seed", [0, 3])
+def test_minimize_is_ask_and_tell_from_the_seeded_sampler(seed: int) -> None:
+    """minimize's loop written out by hand: the same seed gives the same search, bit for bit."""
+    config = ASMGConfig(beta=0.1, n_samples=10)
+    by_hand = ASMG(start_point(10, 0), 2, config, seed=seed)
+    for _ in range(4):
+        samples = by_hand.ask()
+        by_hand.tell(shift_l1_ellipsoid(samples), shift_l1_ellipsoid(by_hand.mean.reshape(1, -1))[0])
+    run = minimize(shift_l1_ellipsoid, start_point(10, 0), 4, config, seed=seed)
+    assert run.t == 4
+    torch.testing.assert_close(run.mean, by_hand.mean, rtol=0, atol=0)
+    other = minimize(shift_l1_ellipsoid, start_point(10, 0), 4, config, seed=seed + 1)
+    assert not torch.equal(other.mean, run.mean)
+
+
+def test_minimize_calls_back_after_each_iteration_and_stops_when_told() -> None:
+    seen: list[tuple[int, int, bool]] = []
+
+    def callback(t: int, optimizer: ASMG, step) -> bool:
+        seen.append((t, optimizer.t, torch.equal(step.lam, optimizer.lam)))
+        return t == 2
+
+    run = minimize(shift_l1_ellipsoid, start_point(10, 0), 10, ASMGConfig(beta=0.1, n_samples=10), callback=callback)
+    assert seen == [(0, 1, True), (1, 2, True), (2, 3, True)] and run.t == 3
+
+
 def test_raw_update_overshoot_is_an_error_without_the_guard() -> None:
     config = ASMGConfig(beta=0.1, n_samples=10, update="raw", min_precision_ratio=0.0)
     with pytest.raises(NonFiniteLossError, match="non-positive"):

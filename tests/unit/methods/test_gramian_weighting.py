@@ -837,6 +837,34 @@ def test_nashmtl_missing_default_solver_raises(monkeypatch: pytest.MonkeyPatch) 
         methods.build("nashmtl", 2)
 
 
+@pytest.mark.parametrize(("installed", "asked", "message"), [
+    (["SCS", "OSQP", "CLARABEL"], "ecos", "ECOS is not installed (installed: SCS, OSQP, CLARABEL); pip install ecos, "
+                                          "or choose an installed one with --hp solver=CLARABEL"),
+    (["OSQP", "SCS"], "mosek", "MOSEK is not installed (installed: OSQP, SCS); install MOSEK and its licence, or "
+                               "choose an installed one with --hp solver=SCS"),
+    ([], "Clarabel", "CLARABEL is not installed (installed: none); pip install clarabel, or choose an installed one "
+                     "with --hp solver=CLARABEL"),
+])
+def test_a_missing_cvxpy_solver_is_named_with_the_installed_ones_and_the_fix(
+        monkeypatch: pytest.MonkeyPatch, installed: list[str], asked: str, message: str) -> None:
+    """The suggested replacement is the installed exponential-cone solver first in the order of preference
+    (CLARABEL, ECOS, SCS, MOSEK), CLARABEL when none is installed."""
+    import cvxpy
+
+    from mtlflow.methods._cvx import require_solver
+
+    monkeypatch.setattr(cvxpy, "installed_solvers", lambda: installed)
+    with pytest.raises(SolverError) as exc:
+        require_solver("nashmtl", asked)
+    assert str(exc.value) == f"nashmtl: cvxpy solver {message}"
+
+
+def test_an_installed_cvxpy_solver_is_returned_by_its_canonical_name() -> None:
+    from mtlflow.methods._cvx import require_solver
+
+    assert require_solver("nashmtl", "clarabel") == "CLARABEL"
+
+
 def test_nashmtl_rejects_solvers_without_exponential_cones() -> None:
     with pytest.raises(InvalidParameterError, match="solver"):
         methods.build("nashmtl", 2, solver="OSQP")

@@ -502,3 +502,55 @@ def test_moml_with_its_task_weights_still_uniform_steps_the_model_as_linear_scal
     ls.train_step(batch, 1)
     for (key, a), b in zip(moml.model.state_dict().items(), ls.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=key)
+
+
+def _nan_image_batch(trainer: Trainer) -> list:
+    """The trainer's first batch with one input image set to NaN."""
+    images, targets = next(iter(trainer._loader(1)))
+    images = images.clone()
+    images[0] = float("nan")
+    return [images, targets]
+
+
+@pytest.mark.parametrize("name", ["moml", "forum"])
+def test_a_bilevel_step_refuses_non_finite_training_losses_in_one_line(name: str, multimnist_small: Path,
+                                                                       tmp_path: Path) -> None:
+    """With fresh inner batches the validation losses stay finite and a NaN image in the step's batch reaches
+    the training-loss check: one line naming the method, the losses and the step."""
+    torch.set_num_threads(1)
+    bench, data = jobs.load_prepared(multimnist_small)
+    trainer = _trainer(bench, data, tmp_path, name, {"inner_steps": 1, "inner_batches": "fresh"})
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    with pytest.raises(NonFiniteLossError) as error:
+        trainer.train_step(_nan_image_batch(trainer), 1)
+    assert str(error.value) == (f"{name}: non-finite training losses ([nan, nan]) at step 0; lower --lr or the "
+                                "method's inner_lr/outer_lr")
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())   # the model not stepped
+
+
+def test_forum_refuses_a_diverged_inner_loss_in_one_line(multimnist_small: Path, tmp_path: Path) -> None:
+    """A first inner step of size 1e30 makes the second inner lower-level loss non-finite while the step's
+    training losses are finite: FORUM names that loss."""
+    torch.set_num_threads(1)
+    bench, data = jobs.load_prepared(multimnist_small)
+    trainer = _trainer(bench, data, tmp_path, "forum", {"inner_steps": 2, "inner_lr": 1e30, "inner_batches": "fresh"})
+    with pytest.raises(NonFiniteLossError) as error:
+        trainer.train_step(next(iter(trainer._loader(1))), 1)
+    assert str(error.value) == ("forum: non-finite inner lower-level loss ([nan]) at step 0; lower --lr or the "
+                                "method's inner_lr/outer_lr")
+
+
+@pytest.mark.parametrize("name", ["moml", "forum"])
+def test_the_upper_level_step_refuses_a_non_finite_gradient_and_keeps_its_variable(name: str, multimnist_small: Path,
+                                                                                 tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    bench, data = jobs.load_prepared(multimnist_small)
+    state = _trainer(bench, data, tmp_path, name, {}).method.state
+    variable = state.upper.variable
+    before = variable.detach().clone()
+    gradient = torch.zeros_like(variable)
+    gradient.view(-1)[-1] = float("inf")
+    with pytest.raises(NonFiniteLossError) as error:
+        state.step_upper(gradient)
+    assert str(error.value) == f"{name}: non-finite upper-level gradient; lower outer_lr or inner_lr"
+    assert torch.equal(variable.detach(), before) and variable.grad is None
