@@ -83,12 +83,15 @@ def test_discrepancy_uses_consecutive_pairs_and_the_smoothed_absolute_value() ->
 def test_log_reference_is_renewed_every_epoch_and_rescale_keeps_the_first_step() -> None:
     log = vector_method([0.0, 0.0], normalization="log")
     rescale = vector_method([0.0, 0.0], normalization="rescale")
-    for epoch, losses in ((1, [2.0, 4.0]), (1, [1.0, 1.0]), (2, [0.5, 0.8])):
+    references = []
+    for epoch, losses in ((1, [2.0, 4.0]), (1, [1.0, 1.0]), (2, [0.5, 0.8]), (2, [0.25, 0.4])):
         current = torch.tensor(losses, dtype=torch.float64)
         for m in (log, rescale):
             m.before_backward(context(current, epoch=epoch))
-    assert log.reference_losses.tolist() == [0.5, 0.8]          # l_{i,0}: first step of epoch 2
-    assert rescale.reference_losses.tolist() == [2.0, 4.0]      # l'_i: first step of the run
+        references.append((log.reference_losses.tolist(), log.reference_epoch, rescale.reference_losses.tolist()))
+    # l_{i,0} of log: the first step of each epoch; l'_i of rescale: the first step of the run
+    assert references == [([2.0, 4.0], 1, [2.0, 4.0]), ([2.0, 4.0], 1, [2.0, 4.0]),
+                          ([0.5, 0.8], 2, [2.0, 4.0]), ([0.5, 0.8], 2, [2.0, 4.0])]
     probe = torch.tensor([1.0, 2.0], dtype=torch.float64)
     np.testing.assert_allclose(log._normalized(probe).numpy(), np.log([1 / 0.5, 2 / 0.8]), rtol=1e-6)
     np.testing.assert_allclose(rescale._normalized(probe).numpy(), [0.5, 0.5], rtol=1e-6)
@@ -476,6 +479,33 @@ def test_the_router_steps_with_the_models_current_learning_rate_unless_given_its
     method._trainer.optimizer = SimpleNamespace(param_groups=[{"lr": 0.003}])   # the scheduler lowered it
     router_step(method, features, losses, 1)
     assert [group["lr"] for group in method.router_optimizer.param_groups] == [router_lr or 0.003]
+
+
+def test_without_a_trainer_the_router_steps_with_adam_at_1e_3():
+    """A bare loss weighting (no trainer, so no model learning rate to follow) builds Adam at 1e-3."""
+    method = methods.build("ldcmtl", 2)
+    method.before_backward(context(torch.tensor([0.9, 0.3])))
+    assert type(method.router_optimizer) is torch.optim.Adam
+    assert [group["lr"] for group in method.router_optimizer.param_groups] == [1e-3]
+
+
+@pytest.mark.parametrize("router_features,width", [("concat", 8), ("mean", 4)])
+def test_setup_reads_stacked_task_features_as_router_features_asks(router_features: str, width: int):
+    """Through setup and the first step: K = 2 task features of C = 4 channels give the MLP router 8 inputs
+    side by side or 4 averaged."""
+    from mtlflow.models.base import MultiTaskModel
+
+    class StackedPerTask(MultiTaskModel):  # a model whose features are [K, B, C] (multi-input, MTAN)
+        def forward_heads(self, z):
+            return list(z)
+
+    method = methods.build("ldcmtl", 2, router="mlp", router_features=router_features)
+    method.setup(SimpleNamespace(config=SimpleNamespace(seed=0, lr=0.01, optimizer="adam"),
+                                 model=object.__new__(StackedPerTask)))
+    losses = torch.tensor([0.9, 0.3])
+    method.before_backward(StepContext(step=0, epoch=1, losses=losses, recompute_losses=lambda: losses,
+                                       extra={"features": torch.randn(2, 3, 4)}))
+    assert method.router.in_features == width
 
 
 def test_the_router_gradient_is_averaged_over_ranks_under_a_process_group(tmp_path):
