@@ -508,6 +508,25 @@ def test_setup_reads_stacked_task_features_as_router_features_asks(router_featur
     assert method.router.in_features == width
 
 
+def test_the_router_optimizer_keeps_its_state_across_steps_and_skips_a_step_without_a_router_gradient():
+    """Adam's moments carry over from step to step (one optimizer for the run), and a step whose objective
+    was never backpropagated (the trainer skipped it) leaves the router where it was, moments or not."""
+    method = vector_method([0.2, -0.1])
+    losses = torch.tensor([0.9, 0.3])
+    for step in range(2):
+        ctx = context(losses, step=step)
+        method.before_backward(ctx)
+        method.objective(losses).backward()
+        method.after_optimizer_step(ctx)
+    (logits,) = method.router.parameters()
+    assert method.router_optimizer.state[logits]["step"] == 2
+    before = logits.detach().clone()
+    skipped = context(losses, step=2)
+    method.before_backward(skipped)
+    method.after_optimizer_step(skipped)
+    assert torch.equal(logits.detach(), before) and method.router_optimizer.state[logits]["step"] == 2
+
+
 def test_the_router_gradient_is_averaged_over_ranks_under_a_process_group(tmp_path):
     """Under torchrun every rank takes the same router step: its gradients are all-reduced and divided by the
     world size. With one rank (a real gloo group) the step is the plain one."""
