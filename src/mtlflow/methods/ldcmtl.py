@@ -148,7 +148,7 @@ def router_input(features: Any) -> Tensor:
     return flat.flatten(2).mean(dim=2) if flat.dim() > 2 else flat
 
 
-def batch_features_reader(model: Any, stacked: str = "concat") -> Callable[[Any], Any]:
+def batch_features_reader(model: Any, stacked: str) -> Callable[[Any], Any]:
     """How to get ``[B, ...]`` shared features from ``model.features(x)``: the model's own
     ``batch_features`` (NORMAL); for models whose features are stacked per task ``[K, B, C, ...]`` (those
     overriding ``forward_heads``: multi-input, MTAN) the K task features concatenated along the channels,
@@ -359,8 +359,7 @@ class LDCMTL(LossWeighting):
         # model's weight decay explicitly, never torch's AdamW default of 0.01.
         decay = float(getattr(config, "weight_decay", 0.0))
         if kind == "sgd":
-            self.router_optimizer = torch.optim.SGD(params, lr=lr, momentum=getattr(config, "momentum", 0.9),
-                                                    weight_decay=decay)
+            self.router_optimizer = torch.optim.SGD(params, lr=lr, momentum=config.momentum, weight_decay=decay)
         else:
             self.router_optimizer = (torch.optim.AdamW if kind == "adamw" else torch.optim.Adam)(
                 params, lr=lr, weight_decay=decay)

@@ -486,7 +486,41 @@ def test_without_a_trainer_the_router_steps_with_adam_at_1e_3():
     method = methods.build("ldcmtl", 2)
     method.before_backward(context(torch.tensor([0.9, 0.3])))
     assert type(method.router_optimizer) is torch.optim.Adam
-    assert [group["lr"] for group in method.router_optimizer.param_groups] == [1e-3]
+    assert [(group["lr"], group["weight_decay"]) for group in method.router_optimizer.param_groups] == [(1e-3, 0.0)]
+
+
+@pytest.mark.parametrize("router_lr", [None, 0.05])
+def test_an_sgd_router_takes_the_runs_momentum_and_its_own_or_the_models_rate(router_lr):
+    method = methods.build("ldcmtl", 2, router_lr=router_lr)
+    method.setup(SimpleNamespace(config=SimpleNamespace(seed=0, lr=0.1, optimizer="sgd", momentum=0.5,
+                                                        weight_decay=0.0), model=None))
+    assert type(method.router_optimizer) is torch.optim.SGD
+    assert [(group["lr"], group["momentum"]) for group in method.router_optimizer.param_groups] == [
+        (router_lr or 0.1, 0.5)]
+
+
+def test_without_normalization_no_loss_reference_is_kept():
+    method = vector_method([0.0, 0.0])
+    method.before_backward(context(torch.tensor([0.9, 0.3])))
+    assert method.reference_losses is None and method.state_dict()["reference_losses"] is None
+
+
+def test_a_model_with_its_own_batch_features_is_read_through_them():
+    """NORMAL's model names its router features itself (the mean ODE state): the reader is that method."""
+    from mtlflow.methods.ldcmtl import batch_features_reader
+    from mtlflow.models.base import MultiTaskModel
+
+    class OwnFeatures(MultiTaskModel):
+        def forward_heads(self, z):
+            return list(z)
+
+        def batch_features(self, z):
+            return z.sum(dim=0)
+
+    model = object.__new__(OwnFeatures)
+    z = torch.arange(6.0).reshape(2, 3)
+    for stacked in ("concat", "mean"):
+        assert torch.equal(batch_features_reader(model, stacked)(z), torch.tensor([3.0, 5.0, 7.0]))
 
 
 @pytest.mark.parametrize("router_features,width", [("concat", 8), ("mean", 4)])

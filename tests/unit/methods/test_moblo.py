@@ -554,3 +554,19 @@ def test_the_upper_level_step_refuses_a_non_finite_gradient_and_keeps_its_variab
         state.step_upper(gradient)
     assert str(error.value) == f"{name}: non-finite upper-level gradient; lower outer_lr or inner_lr"
     assert torch.equal(variable.detach(), before) and variable.grad is None
+
+
+@pytest.mark.parametrize("name", ["moml", "forum"])
+def test_a_bilevel_step_refuses_non_finite_validation_losses_from_its_upper_batch(
+        name: str, multimnist_small: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NaN image in the upper-level (validation) batch, the training batch finite: one line naming the
+    validation losses."""
+    torch.set_num_threads(1)
+    bench, data = jobs.load_prepared(multimnist_small)
+    trainer = _trainer(bench, data, tmp_path, name, {"inner_steps": 1})
+    upper = _nan_image_batch(trainer)
+    monkeypatch.setattr(trainer.method.state, "upper_batch", lambda hp, view: upper)
+    with pytest.raises(NonFiniteLossError) as error:
+        trainer.train_step(next(iter(trainer._loader(1))), 1)
+    assert str(error.value) == (f"{name}: non-finite validation losses ([nan, nan]) at step 0; lower --lr or the "
+                                "method's inner_lr/outer_lr")
