@@ -570,3 +570,47 @@ def test_a_bilevel_step_refuses_non_finite_validation_losses_from_its_upper_batc
         trainer.train_step(next(iter(trainer._loader(1))), 1)
     assert str(error.value) == (f"{name}: non-finite validation losses ([nan, nan]) at step 0; lower --lr or the "
                                 "method's inner_lr/outer_lr")
+
+
+def test_forum_steps_the_model_along_eq_3_26_and_hands_nu_times_q_alpha_to_the_upper_level(
+        multimnist_small: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eq. 3.26, d = −(Σ λ̃_i ∇F_i + ν ∇q̃): with plain SGD (lr 0.1; momentum has no effect on a first step) ω
+    moves by 0.1 · 2 · (Σ λ̃_i ∇_ω F_i + ν ∇_ω f) (× K = 2: the trainer's scale for a convex combination), the
+    gradients taken by autograd on a twin of the model, and the upper-level variable is stepped along ν ∇_α q̃.
+    ρ = 10 makes ν positive, so the constraint term counts."""
+    torch.set_num_threads(1)
+    bench, data = jobs.load_prepared(multimnist_small)
+    trainer = _trainer(bench, data, tmp_path, "forum", {"inner_steps": 1, "rho": 10.0})
+    state = trainer.method.state
+    nus: list[float] = []
+    upper_batches: list = []
+    upper_steps: list[torch.Tensor] = []
+    forum_nu = forum_module.forum_nu
+    monkeypatch.setattr(forum_module, "forum_nu", lambda *args: nus.append(forum_nu(*args)) or nus[-1])
+    q_alphas = _spy_on_forum_gram(monkeypatch, "q_alpha")
+    upper_batch, step_upper = state.upper_batch, state.step_upper
+    monkeypatch.setattr(state, "upper_batch", lambda *args: upper_batches.append(upper_batch(*args)) or upper_batches[-1])
+    monkeypatch.setattr(state, "step_upper", lambda g: upper_steps.append(g.detach().clone()) or step_upper(g))
+    batch = next(iter(trainer._loader(1)))
+    twin = copy.deepcopy(trainer.model).train()
+    alpha = state.upper.variable.detach().clone()
+    trainer.train_step(batch, 1)
+
+    params = [p for p in twin.parameters() if p.requires_grad]
+
+    def task_losses(some_batch) -> torch.Tensor:
+        inputs, targets = bench.unpack(some_batch)
+        return torch.stack([task.loss(pred, targets[idx])
+                            for task, pred, idx in zip(trainer.tasks, twin(inputs), trainer.task_index)])
+
+    def flat(tensors) -> torch.Tensor:
+        return torch.cat([t.reshape(-1) for t in tensors]).to(torch.float64)
+
+    f_omega = flat(torch.autograd.grad((alpha.float() * task_losses(batch)).sum(), params))
+    val = task_losses(upper_batches[0])
+    upper = torch.stack([flat(torch.autograd.grad(val[i], params, retain_graph=True)) for i in range(2)])
+    assert nus[0] > 0.1
+    expected = flat(params).detach() - 0.1 * 2.0 * (trainer.method.lam_tilde @ upper + nus[0] * f_omega)
+    moved = flat(p for p in trainer.model.parameters() if p.requires_grad).detach()
+    torch.testing.assert_close(moved, expected, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(upper_steps[0], nus[0] * q_alphas[0], rtol=0.0, atol=0.0)
