@@ -79,15 +79,20 @@ def roundtrip(method: methods.Method) -> methods.Method:
     return clone
 
 
-def hide_cvxpy(monkeypatch) -> None:
-    """Make ``import cvxpy`` fail from now on in this test, as on a machine without it."""
+def hide_module(monkeypatch, module: str) -> None:
+    """Make ``import <module>`` fail from now on in this test, as on a machine without it."""
     import builtins
 
     real_import = builtins.__import__
 
-    def no_cvxpy(name, *args, **kwargs):
-        if name == "cvxpy":
-            raise ImportError("No module named 'cvxpy'")
+    def without_module(name, *args, **kwargs):
+        if name == module:
+            raise ImportError(f"No module named '{module}'")
         return real_import(name, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "__import__", no_cvxpy)
+    monkeypatch.setattr(builtins, "__import__", without_module)
+
+
+def hide_cvxpy(monkeypatch) -> None:
+    """Make ``import cvxpy`` fail from now on in this test, as on a machine without it."""
+    hide_module(monkeypatch, "cvxpy")

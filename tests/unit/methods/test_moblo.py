@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from mtlflow import benchmarks, jobs, methods
 from mtlflow.config.run import RunConfig
 from mtlflow.core.callbacks import Callback
-from mtlflow.core.errors import InvalidParameterError, NonFiniteLossError
+from mtlflow.core.errors import InvalidParameterError, NonFiniteLossError, NonFiniteValueError, SolverError
 from mtlflow.engine.trainer import Trainer
 from mtlflow.methods._moblo import (
     BilevelState,
@@ -614,3 +614,58 @@ def test_forum_steps_the_model_along_eq_3_26_and_hands_nu_times_q_alpha_to_the_u
     moved = flat(p for p in trainer.model.parameters() if p.requires_grad).detach()
     torch.testing.assert_close(moved, expected, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(upper_steps[0], nus[0] * q_alphas[0], rtol=0.0, atol=0.0)
+
+
+def test_forum_gram_is_that_of_the_full_vectors_in_alpha_and_omega() -> None:
+    """_gram builds the Gram matrix of (∇F_1, …, ∇F_K, ∇q̃) in z = (α, ω) without writing the zero α-parts of
+    ∇F_i: against the matrix of the vectors written out, ∇F_i = (0, ∇_ω F_i) and ∇q̃ = (∇_α q̃, ∇_ω f)."""
+    gen = torch.Generator().manual_seed(5)
+    upper_grads, f_omega, q_alpha = (torch.randn(*shape, generator=gen, dtype=torch.float32)
+                                     for shape in ((3, 7), (7,), (3,)))
+    vectors = torch.cat([torch.cat([torch.zeros(3, 3), upper_grads], dim=1),
+                         torch.cat([q_alpha, f_omega]).reshape(1, -1)]).double()
+    gram = FORUM._gram(upper_grads, f_omega, q_alpha)
+    assert gram.dtype == torch.float64
+    torch.testing.assert_close(gram, vectors @ vectors.T, rtol=1e-12, atol=1e-12)
+
+
+def _stationary_gram(scale: float, q_norm2: float) -> torch.Tensor:
+    """Two unit UL gradients times √scale and ∇q̃ orthogonal to both with ‖∇q̃‖² = q_norm2."""
+    gram = torch.zeros(3, 3, dtype=torch.float64)
+    gram[:2, :2] = scale * torch.tensor([[1.0, 0.5], [0.5, 1.0]], dtype=torch.float64)
+    gram[2, 2] = q_norm2
+    return gram
+
+
+@pytest.mark.parametrize("scale,q_norm2,stationary", [(1e6, 1e-7, True), (1e6, 1e-5, False), (1e-3, 1e-4, False),
+                                                     (0.0, 0.0, True)])
+def test_forum_takes_a_constraint_within_1e_12_of_the_largest_squared_norm_as_stationary(
+        scale: float, q_norm2: float, stationary: bool) -> None:
+    """‖∇q̃‖² at or below 1e-12 x the largest squared gradient norm counts as 0: ν = 0, and the QP falls back to
+    the min-norm weights with γ = ϕ = 0 and no multipliers (NaN); above it, ∇q̃ ⊥ ∇F_i gives ν = ρ."""
+    gram = _stationary_gram(scale, q_norm2)
+    lam = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    assert forum_nu(gram, lam, 0.4) == (0.0 if stationary else pytest.approx(0.4))
+    solution = forum_qp(gram, 0.4)
+    if stationary:
+        assert (solution.gamma, solution.phi) == (0.0, 0.0)
+        assert solution.pi.shape == (2,) and solution.multipliers.shape == (5,)
+        assert solution.pi.dtype == solution.multipliers.dtype == torch.float64
+        assert bool(solution.pi.isnan().all()) and bool(solution.multipliers.isnan().all())
+        torch.testing.assert_close(solution.lam, torch.tensor([0.5, 0.5], dtype=torch.float64))
+    else:
+        assert solution.phi == pytest.approx(0.2 * q_norm2) and solution.gamma > 0.0
+
+
+def test_forum_qp_refuses_a_non_finite_gram_and_names_a_missing_quadprog(monkeypatch: pytest.MonkeyPatch) -> None:
+    from method_helpers import hide_module
+
+    gram = _stationary_gram(1.0, 1.0)
+    gram[0, 1] = gram[1, 0] = float("nan")
+    with pytest.raises(NonFiniteValueError) as error:
+        forum_qp(gram, 0.1)
+    assert str(error.value) == "forum: the gradient Gram matrix contains NaN or Inf; check the losses and learning rates"
+    hide_module(monkeypatch, "quadprog")
+    with pytest.raises(SolverError) as error:
+        forum_qp(_stationary_gram(1.0, 1.0), 0.1)
+    assert str(error.value) == "forum needs quadprog for its QP (Eq. 3.29): pip install quadprog"
