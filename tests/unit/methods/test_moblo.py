@@ -657,7 +657,7 @@ def test_forum_takes_a_constraint_within_1e_12_of_the_largest_squared_norm_as_st
         assert solution.phi == pytest.approx(0.2 * q_norm2) and solution.gamma > 0.0
 
 
-def test_forum_qp_refuses_a_non_finite_gram_and_names_a_missing_quadprog(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_forum_qp_refuses_a_non_finite_gram_and_names_a_failed_solve_and_a_missing_quadprog(monkeypatch: pytest.MonkeyPatch) -> None:
     from method_helpers import hide_module
 
     gram = _stationary_gram(1.0, 1.0)
@@ -665,6 +665,15 @@ def test_forum_qp_refuses_a_non_finite_gram_and_names_a_missing_quadprog(monkeyp
     with pytest.raises(NonFiniteValueError) as error:
         forum_qp(gram, 0.1)
     assert str(error.value) == "forum: the gradient Gram matrix contains NaN or Inf; check the losses and learning rates"
+    import quadprog
+
+    def inconsistent(*args, **kwargs):
+        raise ValueError("constraints are inconsistent, no solution")
+
+    monkeypatch.setattr(quadprog, "solve_qp", inconsistent)
+    with pytest.raises(SolverError) as error:
+        forum_qp(_stationary_gram(1.0, 1.0), 0.1)
+    assert str(error.value) == "forum: the QP of Eq. 3.29 failed (constraints are inconsistent, no solution)"
     hide_module(monkeypatch, "quadprog")
     with pytest.raises(SolverError) as error:
         forum_qp(_stationary_gram(1.0, 1.0), 0.1)
