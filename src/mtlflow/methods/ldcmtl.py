@@ -219,8 +219,9 @@ class LDCMTL(LossWeighting):
             raise InvalidParameterError(
                 f"ldcmtl: sigma_min={hp['sigma_min']} and sigma_max={hp['sigma_max']} leave no weights summing to 1 "
                 f"for {n_tasks} tasks; use sigma_min <= 1/{n_tasks} <= sigma_max")
-        self.reference_kind = (hp["loss_reference"] if hp["loss_reference"] != "auto"
-                               else ("epoch" if hp["normalization"] == "log" else "run"))
+        #: l_0 renewed at each epoch's first step ("epoch"), else kept from the run's first step ("run")
+        self.renews_reference = (hp["loss_reference"] == "epoch" if hp["loss_reference"] != "auto"
+                                 else hp["normalization"] == "log")
         self.router: Router | None = Router(n_tasks, "vector") if hp["router"] == "vector" else None
         self.router_optimizer: torch.optim.Optimizer | None = None
         #: l_0 of log/rescale and the epoch it was taken in (``None`` until the first step)
@@ -308,7 +309,7 @@ class LDCMTL(LossWeighting):
         """Whether this step's losses become l_0: the first step of the run, or of each epoch for ``epoch``."""
         if self.hp["normalization"] == "none":
             return False
-        return self.reference_losses is None or (self.reference_kind == "epoch" and epoch != self.reference_epoch)
+        return self.reference_losses is None or (self.renews_reference and epoch != self.reference_epoch)
 
     def _shifted(self, losses: Tensor) -> Tensor:
         shifted = losses - self.min_losses.to(losses)

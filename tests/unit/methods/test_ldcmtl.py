@@ -109,6 +109,53 @@ def test_bad_hyper_parameters_are_rejected() -> None:
             methods.build("ldcmtl", 2, **bad)
 
 
+@pytest.mark.parametrize("bounds,accepted", [({"sigma_min": 0.5}, True), ({"sigma_max": 0.5}, True),
+                                             ({"sigma_min": 0.5, "sigma_max": 0.5}, False),
+                                             ({"sigma_min": 0.51}, False), ({"sigma_max": 0.49}, False)])
+def test_sigma_bounds_are_accepted_when_weights_of_1_over_k_fit_them(bounds: dict, accepted: bool) -> None:
+    """With K = 2, σ = (½, ½) must lie within [sigma_min, sigma_max] (bounds at exactly ½ are fine) and the
+    bounds must leave an interval (sigma_min < sigma_max)."""
+    if accepted:
+        methods.build("ldcmtl", 2, **bounds)
+        return
+    hp = {"sigma_min": 0.0, "sigma_max": 1.0, **bounds}
+    with pytest.raises(InvalidParameterError) as error:
+        methods.build("ldcmtl", 2, **bounds)
+    assert str(error.value) == (f"ldcmtl: sigma_min={hp['sigma_min']} and sigma_max={hp['sigma_max']} leave no "
+                                "weights summing to 1 for 2 tasks; use sigma_min <= 1/2 <= sigma_max")
+
+
+@pytest.mark.parametrize("normalization,loss_reference,renewed", [("log", "auto", True), ("rescale", "auto", False),
+                                                                  ("rescale", "epoch", True), ("log", "run", False)])
+def test_an_explicit_loss_reference_overrides_the_normalizations_own(normalization: str, loss_reference: str,
+                                                                     renewed: bool) -> None:
+    method = vector_method([0.0, 0.0], normalization=normalization, loss_reference=loss_reference)
+    for epoch, losses in ((1, [2.0, 4.0]), (2, [0.5, 0.8])):
+        method.before_backward(context(torch.tensor(losses, dtype=torch.float64), epoch=epoch))
+    assert method.reference_losses.tolist() == ([0.5, 0.8] if renewed else [2.0, 4.0])
+
+
+@pytest.mark.parametrize("in_features,widths", [(12, [6, 3]), (3, [1, 1]), (1, [1, 1])])
+def test_the_mlp_router_is_d_to_d_over_2_to_d_over_4_to_k_with_relus(in_features: int, widths: list[int]) -> None:
+    """σ(W)(x) written out from the router's own weights: softmax(W3 relu(W2 relu(W1 x + b1) + b2) + b3) per
+    sample, averaged over the batch; the hidden widths d/2 and d/4 are at least 1."""
+    from mtlflow.methods.ldcmtl import Router
+
+    torch.manual_seed(0)
+    router = Router(3, "mlp", in_features, bias=True).double()
+    layers = [module for module in router.mlp if isinstance(module, torch.nn.Linear)]
+    assert [layer.out_features for layer in layers] == [*widths, 3]
+    x = torch.randn(5, in_features, dtype=torch.float64)
+    hidden = x
+    for i, layer in enumerate(layers):
+        hidden = hidden @ layer.weight.T + layer.bias
+        if i < 2:
+            hidden = hidden.clamp_min(0.0)
+    expected = torch.softmax(hidden, dim=1).mean(dim=0)
+    with torch.no_grad():
+        torch.testing.assert_close(router(x), expected, rtol=1e-12, atol=1e-12)
+
+
 class CallCounter:
     """Counts calls of ``torch.autograd.backward`` (what ``Tensor.backward`` calls) and ``torch.autograd.grad``."""
 

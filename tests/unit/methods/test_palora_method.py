@@ -101,3 +101,20 @@ def test_init_from_refuses_a_corrupt_file_a_palora_model_and_other_data_in_one_l
         with pytest.raises(error_type) as error:
             methods.build("palora", 2, init_from=str(path)).setup(_expansion_trainer())
         assert str(error.value) == message
+
+
+def test_a_checkpoint_restores_the_annealing_horizon_and_an_older_one_without_it_keeps_the_runs() -> None:
+    """The horizon of the τ annealing travels with the checkpoint; a checkpoint written before it did (no
+    ``total_steps``) keeps the horizon the resumed run computed in setup."""
+    saved = methods.build("palora", 2)
+    saved.total_steps = 40
+    state = saved.state_dict()
+    resumed = methods.build("palora", 2)
+    resumed.total_steps = 90
+    resumed.load_state_dict(state)
+    assert resumed.total_steps == 40
+    del state["total_steps"]
+    older = methods.build("palora", 2)
+    older.total_steps = 90
+    older.load_state_dict(state)
+    assert older.total_steps == 90
