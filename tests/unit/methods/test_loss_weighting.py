@@ -362,7 +362,7 @@ def test_stch_phases_nadir_and_softmax_weights() -> None:
 @pytest.mark.parametrize("name", ["stch", "imtl", "si", "dwa", "uw", "gradnorm", "dbmtl"])
 def test_losses_at_or_below_their_bounds_are_refused_naming_the_method(name: str) -> None:
     method = methods.build(name, 2, min_losses=[-1.0, 0.0])
-    losses = torch.tensor([-1.0, 0.5], dtype=torch.float64)
+    losses = torch.tensor([-1.0, 0.123456789], dtype=torch.float64)   # printed to 6 decimals
     # every place the method shifts the losses by their bounds: IMTL-L for the gradient of its scales, DB-MTL
     # for its log-gradients, SI and STCH in their weights too
     calls = {"imtl": [lambda: method.before_backward(ctx(losses))],
@@ -373,7 +373,7 @@ def test_losses_at_or_below_their_bounds_are_refused_naming_the_method(name: str
         with pytest.raises(InvalidParameterError) as error:
             call()
         assert str(error.value) == (f"{name}: the method needs losses above their lower bounds, got losses "
-                                    "[-1.0, 0.5] and min_losses [-1.0, 0.0]; set --hp min_losses=[...] below the "
+                                    "[-1.0, 0.123457] and min_losses [-1.0, 0.0]; set --hp min_losses=[...] below the "
                                     "attainable losses")
 
 
