@@ -193,6 +193,16 @@ def test_split_sampler_cycles_permutations_and_resumes_exactly() -> None:
     assert a.next_indices(1, 32).tolist() == [0]                                     # a 1-sample split (toy)
 
 
+def test_split_sampler_hands_out_each_permutation_whole_before_drawing_the_next() -> None:
+    """size / batch_size batches of one permutation cover the split exactly once, the last batch ending at
+    the permutation's end."""
+    sampler = SplitSampler("forum/upper")
+    sampler.reseed(3)
+    for size in (8, 12, 8):
+        batches = [sampler.next_indices(size, 4).tolist() for _ in range(size // 4)]
+        assert sorted(sum(batches, [])) == list(range(size)), batches
+
+
 def test_moblo_hyperparameters_and_upper_level_are_checked(multimnist_small: Path, tmp_path: Path) -> None:
     with pytest.raises(InvalidParameterError, match="upper_solver"):
         methods.build("moml", 2, upper_solver="ls")
