@@ -9,9 +9,9 @@ import pytest
 import torch
 from conftest import TINY_RUN
 
-from mtlflow import cli, jobs
+from mtlflow import cli, jobs, methods
 from mtlflow.config.run import RunConfig
-from mtlflow.core.errors import DataError, InvalidParameterError
+from mtlflow.core.errors import DataError, InvalidParameterError, NonFiniteLossError
 from mtlflow.engine.rundir import load_model
 from mtlflow.engine.trainer import Trainer
 from mtlflow.metrics.scoring import hypervolume
@@ -67,6 +67,21 @@ def test_step_minimises_the_sum_over_rays_of_the_preference_weighted_losses(mult
     assert torch.equal(method.adapters.state.value, method.adapters.centre)  # evaluation runs at the centre
 
 
+def test_a_non_finite_loss_names_its_preference_epoch_and_step(multimnist_small, tmp_path):
+    bench, data = jobs.load_prepared(multimnist_small)
+    config = RunConfig(method="palora", hparams={"rays": 3, **FAST}, epochs=1, batch_size=8)
+    trainer = Trainer(bench, data, config, tmp_path / "run", progress=False)
+    trainer.method.total_steps = 10
+    trainer.global_step = 5  # τ = 5/9: the first ray is 5/9 of the way from (½, ½) to (0, 1)
+    images, targets = next(iter(trainer._loader(1)))
+    images = images.clone()
+    images[0] = float("nan")
+    with pytest.raises(NonFiniteLossError) as error:
+        trainer.train_step([images, targets], 2)
+    assert str(error.value) == ("palora: non-finite loss [nan, nan] for preference [0.2222, 0.7778] at epoch 2, "
+                                "step 5; lower --lr or alpha, or set --clip-grad-norm")
+
+
 def test_palora_records_its_front_and_every_job_reads_it(multimnist_small, ls_run, tmp_path):
     run = tmp_path / "palora"
     result = jobs.train(multimnist_small, run, method="palora", epochs=1, **TINY_RUN)
@@ -90,6 +105,8 @@ def test_palora_records_its_front_and_every_job_reads_it(multimnist_small, ls_ru
     # model.pt: the merged centre network for every consumer, and the adapters for the front
     _, plain, blob = load_model(run / "model.pt")
     assert "palora" in blob and not any("parametrizations" in k for k in plain.state_dict())
+    assert blob["palora"]["merged_preference"] == [0.5, 0.5]
+    assert blob["palora"]["hparams"] == methods.build("palora", 2).hp        # every hyper-parameter, defaults too
     evaluation = jobs.evaluate(run, multimnist_small)
     assert _close(evaluation["metrics"], metrics["final"]["test"])
     assert all(_close(a, b) for a, b in zip(evaluation["preference_front"]["splits"]["test"]["metrics"],

@@ -25,6 +25,7 @@ def test_a_single_task_is_refused_with_the_ls_alternative() -> None:
     (3, "last-k:2", [3, 6, 9, 10]),   # multiples of 3, and the two epochs the selection averages
     (4, "last", [4, 8, 10]),          # the final epoch always, so the selected front exists
     (0, "last-k:3", [8, 9, 10]),      # 0: only the selection window
+    (1, "last", list(range(1, 11))),  # 1: every epoch (the default)
 ])
 def test_front_is_due_every_front_every_epochs_and_in_the_selection_window(every: int, select: str,
                                                                           due: list[int]) -> None:
