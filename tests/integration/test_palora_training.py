@@ -11,6 +11,7 @@ from conftest import TINY_RUN
 
 from mtlflow import cli, jobs, methods
 from mtlflow.config.run import RunConfig
+from mtlflow.core.callbacks import Callback
 from mtlflow.core.errors import DataError, InvalidParameterError, NonFiniteLossError
 from mtlflow.engine.rundir import load_model
 from mtlflow.engine.trainer import Trainer
@@ -65,6 +66,42 @@ def test_step_minimises_the_sum_over_rays_of_the_preference_weighted_losses(mult
     assert torch.allclose(info["weights"], rays.mean(dim=0))
     assert any(p.grad.abs().sum() > 0 for p in method.adapters.parameters())
     assert torch.equal(method.adapters.state.value, method.adapters.centre)  # evaluation runs at the centre
+
+
+def test_the_step_reports_the_mean_loss_over_its_rays_and_hands_it_to_the_step_rules(multimnist_small, tmp_path):
+    """The step's losses are the mean of the rays' losses; the state the callbacks see carries them, the
+    trainer's step, the epoch the step was called with and the batch."""
+
+    class StepLog(Callback):
+        def __init__(self) -> None:
+            self.states: list = []
+
+        def before_optimizer_step(self, trainer, state) -> None:
+            self.states.append((state.epoch, state.step, state.batch, state.losses.clone()))
+
+    log = StepLog()
+    bench, data = jobs.load_prepared(multimnist_small)
+    config = RunConfig(method="palora", hparams={"rays": 3, "alpha": 2.0, **FAST}, epochs=1, batch_size=32)
+    trainer = Trainer(bench, data, config, tmp_path / "run", callbacks=[log], progress=False)
+    method = trainer.method
+    method.total_steps = 11
+    trainer.global_step = 5
+    with torch.no_grad():  # non-zero adapters: each ray's network, and so its losses, differ
+        for p in method.adapters.parameters():
+            p.normal_(0, 0.1)
+    batch = next(iter(trainer._loader(1)))
+    per_ray = []
+    with torch.no_grad():
+        for lam in method.schedule.rays(method.progress(5)):
+            with method.adapters.preference(lam):
+                per_ray.append(trainer.forward_losses(batch)[0])
+    expected = torch.stack(per_ray).mean(dim=0)
+    assert float((per_ray[0] - per_ray[2]).abs().min()) > 1e-4
+    info = trainer.train_step(batch, 3)
+    torch.testing.assert_close(info["losses"], expected)
+    ((epoch, step, seen_batch, seen_losses),) = log.states
+    assert (epoch, step, seen_batch is batch) == (3, 5, True)
+    torch.testing.assert_close(seen_losses, expected)
 
 
 def test_a_non_finite_loss_names_its_preference_epoch_and_step(multimnist_small, tmp_path):

@@ -33,6 +33,14 @@ def test_front_is_due_every_front_every_epochs_and_in_the_selection_window(every
     assert [epoch for epoch in range(1, 11) if method.front_due(epoch, 10, select)] == due
 
 
+@pytest.mark.parametrize("total_steps,progress", [(1, [0.0, 1.0, 1.0]), (2, [0.0, 1.0, 1.0]), (5, [0.0, 0.25, 0.5])])
+def test_annealing_progress_runs_from_0_at_the_first_step_to_1_at_the_last(total_steps: int,
+                                                                           progress: list[float]) -> None:
+    method = methods.build("palora", 2)
+    method.total_steps = total_steps
+    assert [method.progress(step) for step in (0, 1, 2)] == progress
+
+
 def _expansion_trainer() -> SimpleNamespace:
     """What ``init_from`` reads of the trainer: a two-task benchmark ``b`` on data ``h``, a 2 x 2 linear model."""
     tasks = [SimpleNamespace(name="left"), SimpleNamespace(name="right")]
