@@ -215,3 +215,15 @@ def test_cli_trains_palora_and_lists_it(multimnist_small, tmp_path, capsys):
     assert len(err) == 1 and "at least 2 rays" in err[0] and not (tmp_path / "bad").exists()
     assert cli.main(["palora", "overhead", "--benchmark", "multimnist"]) == 0
     assert "1.96 %" in capsys.readouterr().out
+
+
+def test_setup_builds_the_adapters_the_hyper_parameters_ask_for(multimnist_small, tmp_path):
+    bench, data = jobs.load_prepared(multimnist_small)
+    hparams = {"rank": 2, "alpha": 3.0, "layers": "all", "factorization": "kernel", **FAST}
+    trainer = Trainer(bench, data, RunConfig(method="palora", hparams=hparams, epochs=1, batch_size=8),
+                      tmp_path / "run", progress=False)
+    spec = trainer.method.adapters.spec
+    assert (spec.n_tasks, spec.rank, spec.alpha, spec.factorization) == (2, 2, 3.0, "kernel")
+    trunk_only = Trainer(bench, data, RunConfig(method="palora", hparams=FAST, epochs=1, batch_size=8),
+                         tmp_path / "trunk", progress=False).method.adapters.spec
+    assert len(spec.layers) > len(trunk_only.layers) and trunk_only.factorization == "matrix"
