@@ -224,6 +224,22 @@ def test_setup_builds_the_adapters_the_hyper_parameters_ask_for(multimnist_small
                       tmp_path / "run", progress=False)
     spec = trainer.method.adapters.spec
     assert (spec.n_tasks, spec.rank, spec.alpha, spec.factorization) == (2, 2, 3.0, "kernel")
+    assert trainer.method.frozen_base is False                     # no init_from: the whole network trains
     trunk_only = Trainer(bench, data, RunConfig(method="palora", hparams=FAST, epochs=1, batch_size=8),
                          tmp_path / "trunk", progress=False).method.adapters.spec
     assert len(spec.layers) > len(trunk_only.layers) and trunk_only.factorization == "matrix"
+
+
+def test_setup_sizes_the_annealing_horizon_and_seeds_random_rays_from_the_run(multimnist_small, tmp_path):
+    """τ runs over epochs x steps per epoch (here 3 x ⌈n_train / 8⌉); a Dirichlet schedule draws its rays from
+    the run's seed: the same seed, the same rays; another seed, others."""
+    bench, data = jobs.load_prepared(multimnist_small)
+
+    def method(seed: int, name: str):
+        config = RunConfig(method="palora", hparams={"schedule": "dirichlet", **FAST}, epochs=3, batch_size=8, seed=seed)
+        return Trainer(bench, data, config, tmp_path / name, progress=False).method
+
+    first, again, other = method(1, "a"), method(1, "b"), method(2, "c")
+    assert first.total_steps == 3 * -(-len(data.splits["train"]) // 8)
+    rays = [m.schedule.rays(0.0) for m in (first, again, other)]
+    assert torch.equal(rays[0], rays[1]) and not torch.equal(rays[0], rays[2])
