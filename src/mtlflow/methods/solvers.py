@@ -115,8 +115,7 @@ def stationarity_margin(gramian: np.ndarray) -> float:
     return max(float((c @ w).min()), 0.0)
 
 
-def fairgrad_weights(gramian: Tensor | np.ndarray, alpha: float,
-                     x0: np.ndarray | None = None) -> tuple[Tensor, float]:
+def fairgrad_weights(gramian: Tensor | np.ndarray, alpha: float) -> tuple[Tensor, float]:
     """Solve GᵀG w = w^(-1/α) for w > 0 (Ban & Ji 2024, the α-fair optimality condition).
 
     ``scipy.optimize.least_squares`` (trust-region reflective, bounds (0, ∞), w₀ = 1/K) as in the
@@ -137,7 +136,7 @@ def fairgrad_weights(gramian: Tensor | np.ndarray, alpha: float,
     if not scale > 0:
         raise SolverError("fairgrad: every task gradient is zero; the α-fair weights do not exist")
     m_unit = m / scale
-    start = np.full(k, 1.0 / k) if x0 is None else np.asarray(x0, dtype=np.float64)
+    start = np.full(k, 1.0 / k)
 
     def residual(u: np.ndarray) -> np.ndarray:
         return m_unit @ u - np.power(u, -1.0 / alpha)

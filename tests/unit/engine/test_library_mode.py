@@ -138,6 +138,16 @@ def pcgrad_by_hand(jacobian: Tensor, orders: list[list[int]]) -> Tensor:
     return torch.stack(projected).sum(0)
 
 
+def test_method_generators_start_at_seed_0_and_distinct_run_seeds_give_distinct_streams():
+    bare, at_zero = MethodGenerator("pcgrad"), MethodGenerator("pcgrad", 0)
+    assert bare.permutation(20) == at_zero.permutation(20)
+    firsts = set()
+    for seed in range(300):
+        generator = MethodGenerator("pcgrad", seed)
+        firsts.add(tuple(generator.permutation(20)))
+    assert len(firsts) == 300
+
+
 def test_pcgrad_projects_the_hand_computed_gradients_in_the_orders_of_its_seeded_generator():
     problem = Problem()
     mtl = problem.mtl("pcgrad", seed=SEED)

@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from method_helpers import jacobian
 
 from mtlflow import jobs, methods
 from mtlflow.core.callbacks import Callback
-from mtlflow.core.errors import InvalidParameterError, SolverError
+from mtlflow.core.errors import InvalidParameterError, NonFiniteValueError, SolverError
 from mtlflow.methods.solvers import fairgrad_weights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -185,6 +186,36 @@ def test_fairgrad_pareto_stationary_inputs_give_the_zero_min_norm_update(grads: 
     assert method.stationary_steps == 1 and method.last_residual is None
     with pytest.raises(SolverError, match="residual"):       # the solver itself never returns a non-solution
         fairgrad_weights(j @ j.T, 1.0)
+
+
+def test_fairgrad_solver_refuses_zero_and_non_finite_gramians_naming_itself() -> None:
+    with pytest.raises(SolverError) as error:
+        fairgrad_weights(np.zeros((2, 2)), 1.0)
+    assert str(error.value) == "fairgrad: every task gradient is zero; the α-fair weights do not exist"
+    with pytest.raises(NonFiniteValueError) as error:
+        fairgrad_weights(np.array([[1.0, np.nan], [np.nan, 1.0]]), 1.0)
+    assert str(error.value).startswith("fairgrad: ")
+
+
+@pytest.mark.parametrize("factor", [1e-4, 1e4])
+def test_the_stationarity_margin_does_not_depend_on_the_gradients_scale(factor: float) -> None:
+    """The margin is computed from the correlation matrix: scaling every gradient by √factor leaves it."""
+    from mtlflow.methods.solvers import stationarity_margin
+
+    grads = jacobian(8, 3, 5)
+    m = (grads @ grads.T).numpy()
+    assert stationarity_margin(m) > 0.01
+    assert stationarity_margin(factor * m) == pytest.approx(stationarity_margin(m), rel=1e-9)
+
+
+def test_fairgrad_counts_every_pareto_stationary_step_and_returns_float64_zeros_for_zero_gradients() -> None:
+    method = methods.build("fairgrad", 2)
+    stationary = torch.tensor([[1.0, 2.0], [-2.0, -4.0]], dtype=torch.float64)
+    for _ in range(2):
+        method.combine(stationary, torch.ones(2, dtype=torch.float64))
+    assert method.stationary_steps == 2
+    weights = method.weights_from_gramian(torch.zeros(2, 2, dtype=torch.float32), torch.ones(2))
+    assert weights.dtype == torch.float64 and weights.tolist() == [0.0, 0.0]
 
 
 def test_fairgrad_all_zero_jacobian_gives_zero_update() -> None:
