@@ -197,6 +197,21 @@ def test_fairgrad_solver_refuses_zero_and_non_finite_gramians_naming_itself() ->
     assert str(error.value).startswith("fairgrad: ")
 
 
+@pytest.mark.parametrize("returned", [[0.5, 0.0], [np.nan, 1.0]])
+def test_fairgrad_solver_refuses_a_least_squares_result_off_the_positive_orthant(
+        monkeypatch: pytest.MonkeyPatch, returned: list[float]) -> None:
+    """A zero (its power -1/α is infinite) or NaN weight from scipy is reported, never mapped back."""
+    from types import SimpleNamespace
+
+    import scipy.optimize
+
+    monkeypatch.setattr(scipy.optimize, "least_squares", lambda *args, **kwargs: SimpleNamespace(x=np.array(returned)))
+    with pytest.raises(SolverError) as error:
+        fairgrad_weights(np.eye(2), 1.0)
+    assert str(error.value) == ("fairgrad: the least-squares solve returned non-positive or non-finite weights; "
+                                "the task gradients may be degenerate")
+
+
 @pytest.mark.parametrize("factor", [1e-4, 1e4])
 def test_the_stationarity_margin_does_not_depend_on_the_gradients_scale(factor: float) -> None:
     """The margin is computed from the correlation matrix: scaling every gradient by √factor leaves it."""
