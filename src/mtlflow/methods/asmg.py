@@ -105,10 +105,15 @@ class ASMGMethod(Method):
         if self.hp["init_from"]:
             self._load_weights(model, Path(self.hp["init_from"]), trainer.device)
         if self.hp["reinit"]:
-            for module in _owning_modules(model, self.hp["params"]):
-                if not hasattr(module, "reset_parameters"):
-                    raise InvalidParameterError(f"{self.name}: cannot re-initialise {type(module).__name__}")
-                module.reset_parameters()
+            # every module that owns tuned parameters itself resets them (a head is a container of layers)
+            for owner in _owning_modules(model, self.hp["params"]):
+                for module in owner.modules():
+                    if not any(True for _ in module.parameters(recurse=False)):
+                        continue
+                    if not hasattr(module, "reset_parameters"):
+                        raise InvalidParameterError(f"{self.name}: cannot re-initialise {type(module).__name__} "
+                                                    "(it has no reset_parameters); choose params=head-last")
+                    module.reset_parameters()
         self.params = tuned_parameters(model, self.hp["params"])
         config = ASMGConfig(beta=self.hp["beta"], n_samples=self.hp["n_samples"], sigma0=self.hp["sigma0"],
                             update=self.hp["update"], weighting=self.weighting,

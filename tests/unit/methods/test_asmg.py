@@ -224,6 +224,37 @@ def test_asmg_synthetic_rejects_bad_input(tmp_path: Path, capsys: pytest.Capture
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+def test_reinit_resets_every_head_layer_and_names_a_layer_without_reset_parameters(
+        multimnist_small: Path, tmp_path: Path) -> None:
+    """params=heads with reinit re-initialises every layer of every head (the trunk as it was); a layer that
+    cannot re-initialise itself is named."""
+
+    class Scale(nn.Module):   # a parameter-owning module without reset_parameters
+        def __init__(self) -> None:
+            super().__init__()
+            self.factor = nn.Parameter(torch.ones(1))
+
+        def forward(self, x):
+            return x * self.factor
+
+    bench, data = jobs.load_prepared(multimnist_small)
+    config = RunConfig(method="asmg", epochs=1, batch_size=8,
+                       hparams={**jobs.resolved_hparams(bench, "asmg", {}), "params": "heads", "reinit": True})
+    torch.manual_seed(0)
+    before = bench.make_model().state_dict()
+    torch.manual_seed(0)
+    trainer = Trainer(bench, data, config, tmp_path / "run", progress=False)
+    after = trainer.model.state_dict()
+    heads = [k for k in before if k.startswith("heads.")]
+    assert len(heads) > 2 and all(not torch.equal(before[k], after[k]) for k in heads if k.endswith("weight"))
+    assert all(torch.equal(before[k], after[k]) for k in before if not k.startswith("heads."))
+    trainer.model.heads[0] = nn.Sequential(Scale(), nn.Linear(2, 2))
+    with pytest.raises(InvalidParameterError) as error:
+        trainer.method.setup(trainer)
+    assert str(error.value) == ("asmg: cannot re-initialise Scale (it has no reset_parameters); "
+                                "choose params=head-last")
+
+
 def test_a_parameter_subset_without_trainable_parameters_is_refused_in_one_line() -> None:
     model = MultiTaskModel(nn.Linear(3, 4), [nn.Linear(4, 1), nn.Linear(4, 1)], ["t0", "t1"])
     model.heads.requires_grad_(False)

@@ -567,3 +567,9 @@ def test_the_shared_min_losses_hyperparameter_accepts_one_number_per_task_or_non
                                 "numbers, one per task")
     assert spec.help == ("lower bounds L^min of the task losses, one per task (default 0); the method uses "
                          "L - L^min, which must stay positive (the toy problem needs [-21·scale, -21])")
+
+
+def test_a_stateless_method_refuses_a_state_naming_what_it_received() -> None:
+    with pytest.raises(ValueError) as error:
+        methods.build("ls", 2).load_state_dict({"weights": 1, "alpha": 2})
+    assert str(error.value) == "ls has no state but received ['alpha', 'weights']"

@@ -46,6 +46,11 @@ def test_epoch_summary_averages_telemetry_over_the_teleports_that_report_it() ->
     }
 
 
+def test_an_epoch_without_checked_steps_has_no_ratios() -> None:
+    summary = epoch_summary([], checked=0, fired=0, dominated=0, options={}, resolved={})
+    assert (summary["trigger_ratio"], summary["dominated_conflict_ratio"], summary["teleports"]) == (None, None, 0)
+
+
 def test_epoch_record_check_seconds_is_the_time_spent_checking_the_trigger(monkeypatch) -> None:
     # a clock the callback reads at the start and the end of each check: 0.25 s, then 0.5 s
     ticks = iter([10.0, 10.25, 20.0, 20.5])
@@ -61,6 +66,9 @@ def test_epoch_record_check_seconds_is_the_time_spent_checking_the_trigger(monke
     cost.on_epoch_end(trainer, record)
     assert record["cost"]["checked_steps"] == 2 and record["cost"]["teleports"] == 0
     assert record["cost"]["check_seconds"] == 0.75
+    # the options as given (None: the variant's default) and as resolved
+    assert record["cost"]["options"] == cost.options.as_dict() and record["cost"]["options"]["variant"] == "paper"
+    assert record["cost"]["resolved_options"] == cost.resolved.as_dict()
 
 
 def test_checkpoint_state_restores_the_teleport_count_and_htrs_last_update() -> None:
