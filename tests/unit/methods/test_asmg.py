@@ -255,6 +255,18 @@ def test_reinit_resets_every_head_layer_and_names_a_layer_without_reset_paramete
                                 "choose params=head-last")
 
 
+@pytest.mark.parametrize("name,weighting", [("asmg", "adaptive"), ("asmg-ew", "equal")])
+def test_setup_hands_every_hyper_parameter_to_the_search(name: str, weighting: str, multimnist_small: Path,
+                                                        tmp_path: Path) -> None:
+    bench, data = jobs.load_prepared(multimnist_small)
+    hparams = {"beta": 0.3, "n_samples": 7, "sigma0": 0.2, "update": "raw", "min_precision_ratio": 0.05,
+               "params": "heads"}
+    config = RunConfig(method=name, epochs=1, batch_size=8, hparams=hparams)
+    search = Trainer(bench, data, config, tmp_path / "run", progress=False).method.optimizer
+    assert search.config == ASMGConfig(beta=0.3, n_samples=7, sigma0=0.2, update="raw", weighting=weighting,
+                                       min_precision_ratio=0.05)
+
+
 def test_a_parameter_subset_without_trainable_parameters_is_refused_in_one_line() -> None:
     model = MultiTaskModel(nn.Linear(3, 4), [nn.Linear(4, 1), nn.Linear(4, 1)], ["t0", "t1"])
     model.heads.requires_grad_(False)
