@@ -29,16 +29,22 @@ from mtlflow.core.hparams import HParam
 from mtlflow.methods._numerics import gramian_array
 
 
+def method_seed(method_name: str, seed: int) -> int:
+    """The seed of a method's private random stream: the run seed and the method's name, so that two
+    methods of one run, or one method in two runs, never share a stream."""
+    return (int(seed) * 1_000_003 + zlib.crc32(method_name.encode())) % (2**63)
+
+
 class MethodGenerator:
     """A CPU ``torch.Generator`` private to one method, seeded from (run seed, method name)."""
 
     def __init__(self, method_name: str, seed: int = 0):
-        self._salt = zlib.crc32(method_name.encode())
+        self.method_name = method_name
         self.generator = torch.Generator()
         self.reseed(seed)
 
     def reseed(self, seed: int) -> None:
-        self.generator.manual_seed((int(seed) * 1_000_003 + self._salt) % (2**63))
+        self.generator.manual_seed(method_seed(self.method_name, seed))
 
     def permutation(self, n: int) -> list[int]:
         return torch.randperm(n, generator=self.generator).tolist()

@@ -21,7 +21,6 @@ Defaults are the thesis' black-box MTL setting (Section 4.6.2): β = 0.5, Σ_0 =
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.errors import DataError, InvalidParameterError
 from mtlflow.core.hparams import HParam, one_of, positive
 from mtlflow.methods._blackbox import ASMG, UPDATES, ASMGConfig
+from mtlflow.methods._support import method_seed
 from mtlflow.methods.base import Method
 
 PARAM_SUBSETS = ("all", "heads", "head-last")
@@ -118,8 +118,8 @@ class ASMGMethod(Method):
         config = ASMGConfig(beta=self.hp["beta"], n_samples=self.hp["n_samples"], sigma0=self.hp["sigma0"],
                             update=self.hp["update"], weighting=self.weighting,
                             min_precision_ratio=self.hp["min_precision_ratio"])
-        seed = (int(trainer.config.seed) * 1_000_003 + zlib.crc32(self.name.encode())) % (2**63)
-        self.optimizer = ASMG(parameters_to_vector(self.params).detach(), self.n_tasks, config, seed=seed)
+        self.optimizer = ASMG(parameters_to_vector(self.params).detach(), self.n_tasks, config,
+                              seed=method_seed(self.name, trainer.config.seed))
 
     def _load_weights(self, model: nn.Module, path: Path, device: torch.device) -> None:
         if not path.is_file():

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from mtlflow import benchmarks, jobs
+from mtlflow import benchmarks, jobs, methods
 from mtlflow.benchmarks.asmg_synthetic import PROBLEMS, mixed_ellipsoid_rastrigin, shift_l1_ellipsoid, start_point
 from mtlflow.cli import main
 from mtlflow.config.run import RunConfig
@@ -265,6 +265,35 @@ def test_setup_hands_every_hyper_parameter_to_the_search(name: str, weighting: s
     search = Trainer(bench, data, config, tmp_path / "run", progress=False).method.optimizer
     assert search.config == ASMGConfig(beta=0.3, n_samples=7, sigma0=0.2, update="raw", weighting=weighting,
                                        min_precision_ratio=0.05)
+
+
+def test_the_search_draws_from_the_run_seed_and_the_method_name(multimnist_small: Path, tmp_path: Path) -> None:
+    bench, data = jobs.load_prepared(multimnist_small)
+
+    def first_samples(name: str, seed: int) -> torch.Tensor:
+        config = RunConfig(method=name, epochs=1, batch_size=8, seed=seed, hparams={"params": "head-last"})
+        return Trainer(bench, data, config, tmp_path / f"{name}-{seed}", progress=False).method.optimizer.ask()
+
+    same = first_samples("asmg", 1)
+    assert torch.equal(same, first_samples("asmg", 1))
+    assert not torch.equal(same, first_samples("asmg", 2)) and not torch.equal(same, first_samples("asmg-ew", 1))
+
+
+def test_head_last_tunes_the_last_parameter_owning_layer_of_each_head() -> None:
+    heads = nn.ModuleList([nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 3), nn.Linear(3, 1), nn.ReLU())
+                           for _ in range(2)])
+    model = nn.Module()
+    model.heads = heads
+    expected = [p for head in heads for p in head[3].parameters()]
+    assert [id(p) for p in tuned_parameters(model, "head-last")] == [id(p) for p in expected]
+    assert len(tuned_parameters(model, "heads")) == 12
+
+
+def test_reinit_of_the_whole_model_is_refused_in_one_line() -> None:
+    with pytest.raises(InvalidParameterError) as error:
+        methods.build("asmg", 2, reinit=True, params="all")
+    assert str(error.value) == ("asmg: reinit=true with params=all re-initialises the whole model; choose "
+                                "params=heads or head-last")
 
 
 def test_a_parameter_subset_without_trainable_parameters_is_refused_in_one_line() -> None:

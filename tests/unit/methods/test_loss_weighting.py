@@ -573,3 +573,13 @@ def test_a_stateless_method_refuses_a_state_naming_what_it_received() -> None:
     with pytest.raises(ValueError) as error:
         methods.build("ls", 2).load_state_dict({"weights": 1, "alpha": 2})
     assert str(error.value) == "ls has no state but received ['alpha', 'weights']"
+
+
+def test_loss_bounds_are_float64_and_one_per_task() -> None:
+    from mtlflow.methods._support import loss_bounds
+
+    assert loss_bounds("dwa", 2, [0.5, 1]).dtype == torch.float64
+    assert loss_bounds("dwa", 3, None).tolist() == [0.0, 0.0, 0.0]
+    with pytest.raises(InvalidParameterError) as error:
+        loss_bounds("dwa", 3, [0.0, 0.0])
+    assert str(error.value) == "dwa: min_losses has 2 entries for 3 tasks; give one lower bound per task"
