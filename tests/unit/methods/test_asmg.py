@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -287,6 +288,22 @@ def test_head_last_tunes_the_last_parameter_owning_layer_of_each_head() -> None:
     expected = [p for head in heads for p in head[3].parameters()]
     assert [id(p) for p in tuned_parameters(model, "head-last")] == [id(p) for p in expected]
     assert len(tuned_parameters(model, "heads")) == 12
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("beta", 0.0, "beta=0.0 must be > 0"),
+    ("n_samples", 1, "n_samples=1 must be an integer >= 2"),
+    ("n_samples", 2.0, "n_samples=2.0 must be an integer >= 2"),
+    ("sigma0", 0.0, "sigma0=0.0 must be > 0"),
+    ("update", "adam", "update='adam' must be one of normalized, raw"),
+    ("min_precision_ratio", 1.0, "min_precision_ratio=1.0 must be in [0, 1)"),
+    ("weighting", "fixed", "weighting='fixed' must be one of adaptive, equal"),
+])
+def test_the_search_configuration_refuses_each_bad_field_in_one_line(field: str, value: Any, message: str) -> None:
+    with pytest.raises(InvalidParameterError) as error:
+        ASMG(torch.zeros(3), 2, ASMGConfig(**{field: value}))
+    assert str(error.value) == f"asmg: {message}"
+    ASMG(torch.zeros(3), 2, ASMGConfig(n_samples=2, min_precision_ratio=0.0))   # the boundaries are accepted
 
 
 def test_reinit_of_the_whole_model_is_refused_in_one_line() -> None:
