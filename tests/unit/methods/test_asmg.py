@@ -140,6 +140,33 @@ def test_minimize_calls_back_after_each_iteration_and_stops_when_told() -> None:
     assert seen == [(0, 1, True), (1, 2, True), (2, 3, True)] and run.t == 3
 
 
+def test_the_raw_update_is_eq_4_14_from_the_initial_variance_sigma0() -> None:
+    """Eq. 4.14 on the smoothing estimates of the step's own samples: μ ← μ − β Σ Σ_i λ_i ĝ_i and
+    Σ⁻¹ ← Σ⁻¹ ⊙ (1 + 2β Σ_i λ_i ĥ_i), from Σ_0 = sigma0 · I."""
+    config = ASMGConfig(beta=1e-3, n_samples=10, update="raw", sigma0=0.5, min_precision_ratio=0.0)
+    search = ASMG(start_point(4, 0), 2, config, seed=3)
+    assert torch.equal(search.sigma, torch.full((4,), 0.5, dtype=torch.float64))
+    mean, sigma = search.mean.clone(), search.sigma.clone()
+    samples = search.ask()
+    values, center = shift_l1_ellipsoid(samples), shift_l1_ellipsoid(mean.reshape(1, -1))[0]
+    step = search.tell(values, center)
+    p_hat, h_hat = smoothing_estimates((samples - mean) / sigma.sqrt(), values, center)
+    torch.testing.assert_close(step.lam, asmg_lambda(p_hat, h_hat))            # γ_0 = 1: this step's λ
+    torch.testing.assert_close(search.mean, mean - 1e-3 * sigma * (step.lam @ mean_gradient(p_hat, sigma)))
+    torch.testing.assert_close(search.precision, (1.0 / sigma) * (1.0 + 2e-3 * (step.lam @ h_hat)))
+
+
+def test_tell_refuses_a_call_without_ask_and_a_non_finite_value_in_one_line() -> None:
+    search = ASMG(start_point(4, 0), 2, ASMGConfig(n_samples=3))
+    with pytest.raises(RuntimeError) as error:
+        search.tell(torch.ones(3, 2), torch.ones(2))
+    assert str(error.value) == "ASMG.tell() called without ask()"
+    search.ask()
+    with pytest.raises(NonFiniteLossError) as error:
+        search.tell(torch.ones(3, 2), torch.tensor([1.0, float("nan")]))   # the centre's value alone
+    assert str(error.value) == "asmg: an objective value is NaN or Inf; lower sigma0 or beta"
+
+
 def test_raw_update_overshoot_is_an_error_without_the_guard() -> None:
     config = ASMGConfig(beta=0.1, n_samples=10, update="raw", min_precision_ratio=0.0)
     with pytest.raises(NonFiniteLossError, match="non-positive"):
