@@ -156,6 +156,15 @@ def test_the_raw_update_is_eq_4_14_from_the_initial_variance_sigma0() -> None:
     torch.testing.assert_close(search.precision, (1.0 / sigma) * (1.0 + 2e-3 * (step.lam @ h_hat)))
 
 
+def test_a_flat_objective_leaves_the_normalized_search_where_it_is() -> None:
+    """Equal values at every sample carry no ranking: the fitness is 0, so μ and Σ stay (never 0/0)."""
+    search = ASMG(start_point(4, 0), 2, ASMGConfig(n_samples=5))
+    mean, precision = search.mean.clone(), search.precision.clone()
+    search.ask()
+    search.tell(torch.ones(5, 2, dtype=torch.float64), torch.ones(2, dtype=torch.float64))
+    assert torch.equal(search.mean, mean) and torch.equal(search.precision, precision)
+
+
 def test_tell_refuses_a_call_without_ask_and_a_non_finite_value_in_one_line() -> None:
     search = ASMG(start_point(4, 0), 2, ASMGConfig(n_samples=3))
     with pytest.raises(RuntimeError) as error:
