@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -154,6 +155,30 @@ def test_the_raw_update_is_eq_4_14_from_the_initial_variance_sigma0() -> None:
     torch.testing.assert_close(step.lam, asmg_lambda(p_hat, h_hat))            # γ_0 = 1: this step's λ
     torch.testing.assert_close(search.mean, mean - 1e-3 * sigma * (step.lam @ mean_gradient(p_hat, sigma)))
     torch.testing.assert_close(search.precision, (1.0 / sigma) * (1.0 + 2e-3 * (step.lam @ h_hat)))
+
+
+def test_the_normalized_update_is_a_152_a_153_with_the_floor_counted_per_coordinate() -> None:
+    """App. A.2.5 written out in NumPy for N = 5 samples in d = 3: fitness h = standardised λᵀF(x_j),
+    μ ← μ − β σ^{1/2} ⊙ (1/N) Σ_j h_j z_j and Σ⁻¹ ← Σ⁻¹ ⊙ max(1 + β (1/N) Σ_j h_j z_j², floor); the
+    coordinates below the floor are counted, per step and over the run."""
+    beta, floor = 0.5, 0.99
+    search = ASMG(start_point(3, 1), 2, ASMGConfig(beta=beta, n_samples=5, min_precision_ratio=floor), seed=2)
+    clipped_so_far = 0
+    for t in range(2):
+        mean, sigma, precision = (v.numpy().copy() for v in (search.mean, search.sigma, search.precision))
+        samples = search.ask()
+        z = (samples.numpy() - mean) / np.sqrt(sigma)
+        values, center = shift_l1_ellipsoid(samples), shift_l1_ellipsoid(search.mean.reshape(1, -1))[0]
+        step = search.tell(values, center)
+        aggregated = values.numpy() @ step.lam.numpy()
+        fitness = (aggregated - aggregated.mean()) / aggregated.std(ddof=1)
+        ratio = 1.0 + beta * (fitness @ (z * z)) / 5
+        np.testing.assert_allclose(search.mean.numpy(), mean - beta * np.sqrt(sigma) * (fitness @ z) / 5, rtol=1e-12)
+        np.testing.assert_allclose(search.precision.numpy(), precision * np.maximum(ratio, floor), rtol=1e-12)
+        clipped_so_far += int((ratio < floor).sum())
+        assert step.extra == {"clipped": int((ratio < floor).sum())} and torch.equal(step.center, center)
+        assert (search.t, search.clipped) == (t + 1, clipped_so_far)
+    assert clipped_so_far > 0
 
 
 def test_a_flat_objective_leaves_the_normalized_search_where_it_is() -> None:
