@@ -83,6 +83,13 @@ def test_estimators_are_unbiased_on_a_quadratic() -> None:
     assert float((g_hat - true_g).norm() / true_g.norm()) < 0.02
 
 
+def test_smoothing_estimates_by_hand() -> None:
+    """Eqs. 4.12-4.13 on two samples in one dimension: p̂ = (1/N) Σ z_j ΔF_j and ĥ = (1/2N) Σ (z_j² − 1) ΔF_j
+    with ΔF_j = F(x_j) − F(μ): z = (1, 2), F(x) = (3, 1), F(μ) = 2 give ΔF = (1, −1), p̂ = −½ and ĥ = −¾."""
+    p_hat, h_hat = smoothing_estimates(torch.tensor([[1.0], [2.0]]), torch.tensor([[3.0], [1.0]]), torch.tensor([2.0]))
+    assert (p_hat.tolist(), h_hat.tolist()) == ([[-0.5]], [[-0.75]])
+
+
 def test_lambda_is_the_min_norm_point_of_eq_4_10() -> None:
     gen = torch.Generator().manual_seed(3)
     p_hat, h_hat = torch.randn(2, 7, generator=gen, dtype=torch.float64), torch.randn(2, 7, generator=gen,
