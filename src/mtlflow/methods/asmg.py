@@ -38,6 +38,11 @@ from mtlflow.methods.base import Method
 PARAM_SUBSETS = ("all", "heads", "head-last")
 
 
+def _owns_parameters(module: nn.Module) -> bool:
+    """Whether ``module`` holds parameters itself (not only through its children)."""
+    return any(True for _ in module.parameters(recurse=False))
+
+
 def _owning_modules(model: nn.Module, subset: str) -> list[nn.Module]:
     """Modules whose own parameters are tuned (for ``reinit``); the whole model for ``all``."""
     if subset == "all":
@@ -46,7 +51,7 @@ def _owning_modules(model: nn.Module, subset: str) -> list[nn.Module]:
         return list(model.heads)
     lasts = []
     for head in model.heads:
-        owners = [m for m in head.modules() if any(True for _ in m.parameters(recurse=False))]
+        owners = [m for m in head.modules() if _owns_parameters(m)]
         if owners:
             lasts.append(owners[-1])
     return lasts
@@ -108,7 +113,7 @@ class ASMGMethod(Method):
             # every module that owns tuned parameters itself resets them (a head is a container of layers)
             for owner in _owning_modules(model, self.hp["params"]):
                 for module in owner.modules():
-                    if not any(True for _ in module.parameters(recurse=False)):
+                    if not _owns_parameters(module):
                         continue
                     if not hasattr(module, "reset_parameters"):
                         raise InvalidParameterError(f"{self.name}: cannot re-initialise {type(module).__name__} "
