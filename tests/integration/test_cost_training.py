@@ -99,6 +99,49 @@ def test_teleport_keeps_losses_moves_the_trunk_and_applies_htr_to_the_stepped_op
         assert key in event
 
 
+class UpdateProbe(Callback):
+    """The flat shared gradient the optimizer is about to step with (the aggregated update direction)."""
+
+    name = "update-probe"
+
+    def before_optimizer_step(self, trainer, state):
+        self.update = torch.cat([p.grad.detach().reshape(-1) for p in trainer.shared]).clone()
+        self.params = torch.cat([p.detach().reshape(-1) for p in trainer.shared]).clone()
+
+
+def test_last_update_reference_is_the_previous_steps_update_and_falls_back_to_the_mean_gradient(
+        multimnist_small, tmp_path):
+    # released code (``htr_reference="last-update"``): σ = cos(Δθ, the update of the step before the teleport)
+    trainer = _trainer(multimnist_small, tmp_path / "later", delay_epochs=1, htr_reference="last-update")
+    cost, probe = trainer.callbacks[0], UpdateProbe()
+    trainer.callbacks.append(probe)
+    batches = iter(trainer._loader(1))
+    trainer.train_step(next(batches), 1)          # ordinary step (delayed start): its update is the reference
+    previous_update = probe.update
+    before = torch.cat([p.detach().reshape(-1) for p in trainer.shared]).clone()
+    cost.on_epoch_start(trainer, 2)
+    trainer.train_step(next(batches), 2)
+    (event,) = cost._events
+    expected = float(torch.nn.functional.cosine_similarity(probe.params - before, previous_update, dim=0))
+    assert event["htr_reference"] == "last-update"
+    assert event["sigma_raw"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+    # a teleport on the very first step has no previous update: the reference is the mean-loss gradient
+    first = _trainer(multimnist_small, tmp_path / "first", htr_reference="last-update")
+    first_probe = UpdateProbe()
+    first.callbacks.append(first_probe)
+    batch = next(iter(first._loader(1)))
+    twin = copy.deepcopy(first.model)
+    inputs, targets = first.inputs_targets(batch)
+    mean_loss = torch.stack(first.task_losses(twin(inputs), targets)).mean()
+    g_prime = torch.cat([g.reshape(-1) for g in torch.autograd.grad(mean_loss, twin.shared_parameters())])
+    start = torch.cat([p.detach().reshape(-1) for p in first.shared]).clone()
+    first.train_step(batch, 1)
+    (event,) = first.callbacks[0]._events
+    expected = float(torch.nn.functional.cosine_similarity(first_probe.params - start, g_prime, dim=0))
+    assert event["sigma_raw"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+
 def test_without_the_invariance_term_the_same_teleport_changes_the_losses_more(multimnist_small, tmp_path):
     changes = {}
     for use_invariance in (True, False):

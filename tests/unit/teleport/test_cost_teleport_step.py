@@ -250,3 +250,23 @@ def test_merge_refuses_a_merged_model_that_still_holds_adapter_modules(leftover)
     with pytest.raises(RuntimeError) as error:
         adapters.merge_and_unload(adapted)
     assert str(error.value) == f"adapter modules remain after merge_and_unload: ['fc.{leftover}']"
+
+
+@pytest.mark.parametrize("adapter", ["lora", "loha"])
+def test_the_teleport_injects_the_adapter_and_rank_of_its_options(adapter, multimnist_small, tmp_path, monkeypatch):
+    # rank 2 rather than the default 5: the adapter factors of every trunk layer have 2 as their inner size
+    injected = []
+    inject = adapters.inject
+
+    def recording_inject(*args, **kwargs):
+        adapted = inject(*args, **kwargs)
+        injected.append({n: tuple(p.shape) for n, p in adapted.model.named_parameters() if p.requires_grad})
+        return adapted
+
+    monkeypatch.setattr(adapters, "inject", recording_inject)
+    trainer = _trainer(multimnist_small, tmp_path, adapter=adapter, rank=2, steps=1)
+    trainer.train_step(next(iter(trainer._loader(1))), 1)
+    (shapes,) = injected
+    factor = {"lora": "lora_A", "loha": "hada_w1_b"}[adapter]  # both [rank, fan-in]
+    inner = [shape[0] for name, shape in shapes.items() if factor in name]
+    assert inner and set(inner) == {2}
