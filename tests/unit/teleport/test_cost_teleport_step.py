@@ -102,6 +102,11 @@ def test_teleport_event_keys_and_values_match_the_gradients_and_the_optimizer(mu
     before, after = recorder.grads
     assert math.isclose(event["min_pairwise_cos_before"], _cosine(before[0], before[1]), rel_tol=1e-12)
     assert event["min_pairwise_cos_before"] < 0
+    # the reason names the rule that fired and its pair (two tasks: the only pair) with that cosine
+    first, second = event["losses_before"]
+    assert event["trigger"] == "weak"
+    assert event["reason"] == (f"weak conflict (Def. 1): cos(g_{first}, g_{second}) = "
+                               f"{_cosine(before[0], before[1]):.3f} < 0")
     assert math.isclose(event["min_pairwise_cos_after"], _cosine(after[0], after[1]), rel_tol=1e-12)
     # the gradient norms at the redone step, per task and of the mean gradient
     names = list(event["losses_before"])
