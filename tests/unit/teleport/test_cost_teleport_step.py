@@ -19,7 +19,7 @@ import torch
 from cost_helpers import double_lenet_trainer
 from torch import nn
 
-from mtlflow.core.callbacks import Callback
+from mtlflow.core.callbacks import Callback, StepState
 from mtlflow.engine.trainer import Trainer
 from mtlflow.models.base import MultiTaskModel
 from mtlflow.teleport import adapters, callback
@@ -84,6 +84,7 @@ def test_teleport_event_keys_and_values_match_the_gradients_and_the_optimizer(mu
     recorder = _Recorder()
     trainer.callbacks.append(recorder)
     conflicting = next(itertools.islice(trainer._loader(1), 3, None))  # its task gradients have cos ≈ -0.53
+    theta_before = torch.cat([p.detach().reshape(-1) for p in trainer.shared]).clone()
     started = time.perf_counter()
     trainer.train_step(conflicting, 1)
     elapsed = time.perf_counter() - started
@@ -115,6 +116,13 @@ def test_teleport_event_keys_and_values_match_the_gradients_and_the_optimizer(mu
         assert math.isclose(event["grad_norms_after"][name], math.sqrt(float(g @ g)), rel_tol=1e-12)
     mean = after.mean(dim=0)
     assert math.isclose(event["mean_grad_norm_after"], math.sqrt(float(mean @ mean)), rel_tol=1e-12)
+    # the tasks whose gradient at the redone step conflicts with the mean gradient
+    cosines = {name: _cosine(g, mean) for name, g in zip(names, after)}
+    assert event["conflicting_after"] == sum(c < 0 for c in cosines.values())
+    assert event["cosine_to_mean_after"] == pytest.approx(cosines, rel=1e-12)
+    # the displacement relative to the trunk's norm before the teleport
+    assert event["displacement_relative"] == pytest.approx(event["displacement_norm"] / float(theta_before.norm()),
+                                                           rel=1e-12)
     # the teleport's duration is part of the step's
     assert 0.0 < event["seconds"] < elapsed
     # L_t and L_g at the first and the last of the 8 adapter steps; L_t = 0 at the start (LoRA's B = 0)
@@ -275,3 +283,22 @@ def test_the_teleport_injects_the_adapter_and_rank_of_its_options(adapter, multi
     factor = {"lora": "lora_A", "loha": "hada_w1_b"}[adapter]  # both [rank, fan-in]
     inner = [shape[0] for name, shape in shapes.items() if factor in name]
     assert inner and set(inner) == {2}
+
+
+def test_loss_changes_are_relative_to_each_losss_own_size_below_one_too():
+    # losses 0.5 and 0.02 move by 0.1 and 0.01: relative changes 0.2 and 0.5 (not clamped at 1)
+    cost = CostTeleport()
+    cost._task_names = ["a", "b"]
+    event = {"losses_before": {"a": 0.5, "b": 0.02}}
+    cost._record_after(event, StepState(epoch=1, step=0, batch=None, losses=torch.tensor([0.4, 0.03])))
+    assert event["losses_after"] == pytest.approx({"a": 0.4, "b": 0.03}, rel=1e-6)
+    assert event["loss_change_max_abs"] == pytest.approx(0.1, rel=1e-6)
+    assert event["loss_change_max_relative"] == pytest.approx(0.5, rel=1e-5)
+    assert "conflicting_after" not in event  # no gradients at the redone step: no gradient telemetry
+
+
+def test_without_htr_a_teleport_records_that_htr_was_not_applied(multimnist_small, tmp_path):
+    trainer = _trainer(multimnist_small, tmp_path, htr=False, steps=1)
+    trainer.train_step(next(iter(trainer._loader(1))), 1)
+    (event,) = trainer.callbacks[0]._events
+    assert event["htr_applied"] is False and "htr_betas" not in event
