@@ -1,6 +1,7 @@
 """COST's epoch record and checkpoint state, on hand-built inputs: the telemetry means are averages over
 the teleports that report the value, the trigger checks' time is the clock's, and the state a checkpoint
-keeps (teleport count, HTR's last update) comes back on resume.
+keeps (teleport count, HTR's last update) comes back on resume; which steps COST checks, counts, teleports
+and redoes under the delay, the check period and the per-epoch cap.
 
 Each test pins a behaviour that the mutation run (docs/development/mutation-testing.md) found unchecked.
 """
@@ -101,3 +102,68 @@ def test_without_htr_the_last_update_is_neither_kept_nor_saved() -> None:
     cost.before_optimizer_step(SimpleNamespace(shared=shared, optimizer=None),
                                StepState(epoch=1, step=0, batch=None, losses=torch.ones(2)))
     assert cost.state_dict()["last_update"] is None
+
+
+#: two task gradients with a dominated conflict (Eq. 3): the smaller one, (-0.3, 0.1), has inner product
+#: -0.1 with the mean (0.35, 0.05); and two without any conflict
+DOMINATED = torch.tensor([[1.0, 0.0], [-0.3, 0.1]], dtype=torch.float64)
+CALM = torch.tensor([[1.0, 0.0], [0.5, 0.5]], dtype=torch.float64)
+
+
+def _schedule_run(monkeypatch, options: dict, epochs: list[str]) -> tuple[CostTeleport, list, list, list]:
+    """Drive COST's hooks as the trainer does, epoch by epoch, with each step's gradients given by a letter
+    (D: dominated conflict, C: calm) and present on every step (a base method that needs the Jacobian).
+
+    The adapter optimisation is replaced by a stand-in that records when it was asked for: this test is about
+    when COST checks, counts and teleports; the teleport itself is tested in test_cost_teleport_step.py."""
+    cost = CostTeleport({"trigger": "dominated", "htr": False, **options})
+    trainer = SimpleNamespace(model=nn.BatchNorm1d(2), shared=[nn.Parameter(torch.zeros(2))], optimizer=None,
+                              global_step=0, tasks=[SimpleNamespace(name="a"), SimpleNamespace(name="b")])
+    monkeypatch.setattr(cost, "_teleport", lambda trainer, state, stats: {
+        "step": trainer.global_step, "epoch": state.epoch, "losses_before": {"a": 1.0, "b": 1.0}, "seconds": 0.0,
+        "conflicting_before": stats.conflicting, "mean_grad_norm_before": stats.mean_norm, "sigma": 1.0})
+    cost.on_train_start(trainer)
+    asked, records, redone = [], [], []
+    for epoch, letters in enumerate(epochs, start=1):
+        cost.on_epoch_start(trainer, epoch)
+        for letter in letters:
+            asked.append((cost.needs_jacobian, cost._buffers is not None))
+            state = StepState(epoch=epoch, step=trainer.global_step, batch=None, losses=torch.ones(2),
+                              grads={"D": DOMINATED, "C": CALM}[letter])
+            if cost.after_gradients(trainer, state):  # the trainer redoes the step at the teleported point
+                redone.append(trainer.global_step)
+            cost.before_optimizer_step(trainer, state)
+            cost.after_optimizer_step(trainer, state)
+            trainer.global_step += 1
+        record: dict = {}
+        cost.on_epoch_end(trainer, record)
+        records.append(record["cost"])
+    return cost, asked, records, redone
+
+
+def test_checks_counts_and_teleports_follow_the_delay_the_check_period_and_the_cap(monkeypatch) -> None:
+    cost, asked, records, redone = _schedule_run(monkeypatch, {"delay_epochs": 1, "check_every": 2, "max_per_epoch": 2},
+                                         ["DDDDDDD", "CDDCDDD", "DDCDCDC"])
+    # epoch 1 is delayed; then every second step is checked (epoch steps 0, 2, 4, 6), also once capped
+    counts = [(r["checked_steps"], r["trigger_steps"], r["dominated_conflict_ratio"], r["teleports"]) for r in records]
+    assert counts == [(0, 0, None, 0), (4, 3, 3 / 4, 2), (4, 1, 1 / 4, 1)]
+    assert [(e["epoch"], e["step"]) for r in records for e in r["events"]] == [(2, 9), (2, 11), (3, 14)]
+    assert redone == [9, 11, 14]  # only the teleported steps are redone
+    assert cost.total_teleports == 3 and cost.state_dict()["total_teleports"] == 3
+    # gradients are asked for on the checked steps only; the buffers are kept before a step that may teleport
+    checked = [False] * 7 + [True, False] * 3 + [True] + [True, False] * 3 + [True]
+    may_teleport = [False] * 7 + [True, False, True, False, True, False, False] + [True, False] * 3 + [True]
+    assert asked == list(zip(checked, may_teleport))
+
+
+def test_no_teleports_allowed_asks_for_no_gradients_and_a_step_without_gradients_counts_nothing(monkeypatch):
+    cost, asked, records, redone = _schedule_run(monkeypatch, {"max_per_epoch": 0}, ["DD"])
+    assert asked == [(False, False)] * 2 and records[0]["checked_steps"] == 0 and redone == []
+    cost = CostTeleport({"trigger": "always"})
+    trainer = SimpleNamespace(model=nn.Linear(1, 1))
+    cost.on_epoch_start(trainer, 1)
+    assert cost.needs_jacobian
+    assert cost.after_gradients(trainer, StepState(epoch=1, step=0, batch=None, losses=torch.ones(2))) is False
+    record: dict = {}
+    cost.on_epoch_end(trainer, record)
+    assert record["cost"]["checked_steps"] == 0
