@@ -302,3 +302,24 @@ def test_without_htr_a_teleport_records_that_htr_was_not_applied(multimnist_smal
     trainer.train_step(next(iter(trainer._loader(1))), 1)
     (event,) = trainer.callbacks[0]._events
     assert event["htr_applied"] is False and "htr_betas" not in event
+
+
+def test_the_teleports_extra_batches_are_a_shuffle_of_the_training_split_fixed_by_its_seed(multimnist_small,
+                                                                                           tmp_path):
+    trainer = _trainer(multimnist_small, tmp_path)
+    ordered = [inputs for inputs, _ in trainer.bench.make_loader(trainer.data.splits["train"],
+                                                                 trainer.config.batch_size, shuffle=False)]
+
+    def extra(seed: int, global_seed: int) -> list[torch.Tensor]:
+        torch.manual_seed(global_seed)  # the global random state must not matter
+        batches = callback._Batches(trainer, "trigger", count=0, seed=seed)
+        assert batches.n == 1 + len(ordered) and batches.get(0) == "trigger"
+        return [batches.get(i)[0] for i in range(1, batches.n)]
+
+    first = extra(seed=11, global_seed=0)
+    assert all(torch.equal(a, b) for a, b in zip(first, extra(seed=11, global_seed=1)))
+    assert not torch.equal(first[0], extra(seed=12, global_seed=0)[0])
+    assert not torch.equal(first[0], ordered[0])
+    # a shuffle: every training image once
+    assert sorted(torch.cat(first).flatten(1).sum(1).tolist()) == pytest.approx(
+        sorted(torch.cat(ordered).flatten(1).sum(1).tolist()))
