@@ -323,3 +323,28 @@ def test_the_teleports_extra_batches_are_a_shuffle_of_the_training_split_fixed_b
     # a shuffle: every training image once
     assert sorted(torch.cat(first).flatten(1).sum(1).tolist()) == pytest.approx(
         sorted(torch.cat(ordered).flatten(1).sum(1).tolist()))
+
+
+@pytest.mark.parametrize("batch_size", [0, 3])
+def test_every_teleport_batch_gives_its_own_losses_and_index_0_stays_the_trigger_batch(batch_size):
+    # batch_size 0: whole batches; 3: the first 3 samples of each
+    model = _tiny_model()
+    adapted = adapters.inject(model, model.shared_parameters(), "lora", 2)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(8, 4, generator=g), [torch.randn(8, 1, generator=g) for _ in range(2)]) for _ in range(3)]
+
+    def task_losses(preds, targets):
+        return [((p - t) ** 2).mean() for p, t in zip(preds, targets)]
+
+    trainer = SimpleNamespace(device=torch.device("cpu"), config=SimpleNamespace(amp="no"),
+                              inputs_targets=lambda batch: batch, task_losses=task_losses)
+    batches = SimpleNamespace(n=3, get=lambda index: data[index])
+    stats = gradient_stats(torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=torch.float64))
+    problem = CostTeleport({"batch_size": batch_size})._problem(trainer, adapted, batches, stats)
+    used = batch_size or 8
+    with torch.no_grad():
+        expected = [torch.stack(task_losses(adapted.model(x[:used]), [t[:used] for t in y])) for x, y in data]
+        assert torch.equal(problem.targets, torch.stack(expected))
+        # the adapter loop comes back to index 0 after the others: still the trigger batch
+        for index in (1, 2, 0):
+            assert torch.equal(problem.losses(index, None), expected[index])
