@@ -30,6 +30,7 @@ from method_helpers import (
     fake_trainer,
     gramian,
     hide_cvxpy,
+    hide_module,
     jacobian,
     random_orders,
     roundtrip,
@@ -1083,6 +1084,14 @@ def test_a_method_without_cvxpy_says_how_to_install_it(monkeypatch: pytest.Monke
     with pytest.raises(SolverError) as error:
         require_cvxpy("nashmtl")
     assert str(error.value) == "nashmtl needs cvxpy: pip install cvxpy (it brings the Clarabel solver)"
+
+
+def test_mgda_without_quadprog_says_how_to_install_it_or_which_solver_to_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    hide_module(monkeypatch, "quadprog")
+    with pytest.raises(SolverError) as error:
+        methods.build("mgda", 2).weights_from_gramian(torch.eye(2, dtype=torch.float64), torch.ones(2))
+    assert str(error.value) == ("MGDA's exact solver needs quadprog: pip install 'torchjd[quadprog-projector]' "
+                                "or use solver='frank-wolfe'")
 
 
 def test_mgdaub_frank_wolfe_reaches_the_min_norm_weights_of_the_normalised_gramian() -> None:

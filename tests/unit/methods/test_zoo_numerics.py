@@ -457,3 +457,15 @@ def test_a_gramian_near_the_top_of_the_float64_range_stays_finite() -> None:
 
     m = np.array([[1.5e308, 1.0e308], [1.0e308, 1.5e308]])
     np.testing.assert_array_equal(gramian_array(m, "test"), m)
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.bfloat16, 1e-2), (torch.float32, 1e-6), (torch.float64, 1e-13)])
+@pytest.mark.parametrize("name", ["mgda", "upgrad", "imtlg"])
+def test_a_gramian_methods_direction_is_the_weighted_gradient_sum_in_the_gradients_dtype(
+        name: str, dtype: torch.dtype, tolerance: float) -> None:
+    # the K x K solve runs in float64, but the update the optimizer applies keeps the gradients' dtype
+    j = near_duplicates(0, 4, 300, 0.5, dtype)
+    d, method = combine(name, j)
+    assert d.dtype == dtype and d.shape == (300,)
+    exact = method.last_weights.double() @ j.double()
+    torch.testing.assert_close(d.double(), exact, rtol=tolerance, atol=tolerance * float(exact.abs().max()))
