@@ -1,7 +1,7 @@
 """Mutation testing of the numerical core: run mutmut, then write the per-folder report.
 
     python tools/mutation.py run [--max-children N] [--stop-after SECONDS] [--retry-undetected]
-                                 [--retry-timeouts] [--only FOLDER,...] [--sample N]
+                                 [--retry-timeouts] [--only FOLDER,...] [--sample N] [--retest NAME,...]
     python tools/mutation.py report
     python tools/mutation.py save
 
@@ -15,7 +15,9 @@ timed out (mutmut's limit is partly wall-clock time: a run paused with SIGSTOP, 
 with other work, times out mutants that would have been killed or survived; do not pause a run);
 ``--only`` limits the run to some folders (their mutants without a result, by name); ``--sample N`` tests
 N mutants drawn uniformly (seeded) from each folder's mutants without a result, so that a folder too large
-for one sitting gets an unbiased estimate of its % killed with a 95 % interval before the rest is run. ``report`` writes
+for one sitting gets an unbiased estimate of its % killed with a 95 % interval before the rest is run;
+``--retest NAME,...`` retests the named mutants whatever their verdict (after writing the tests meant to kill
+them, without retesting a whole folder's survivors). ``report`` writes
 ``mutants/mutation-report.md`` (killed / survived / ... and % killed for each folder) and
 ``mutants/mutation-survivors.txt`` (the diff of every mutant no test killed), prints the table and
 exits 1 when a folder is below the target or mutants are still unchecked.
@@ -166,6 +168,22 @@ def forget(mutants_dir: Path, folders: list[str], statuses: set[str]) -> list[st
     return forgotten
 
 
+def forget_named(mutants_dir: Path, names: set[str]) -> list[str]:
+    """Clear the results of the mutants named ``names`` so that ``mutmut run`` tests them again; returns the
+    names found."""
+    forgotten = []
+    for meta_path in mutants_dir.rglob("*.py.meta"):
+        meta = json.loads(meta_path.read_text())
+        codes = meta["exit_code_by_key"]
+        found = names.intersection(codes)
+        if found:
+            for mutant in found:
+                codes[mutant] = None
+            forgotten += sorted(found)
+            meta_path.write_text(json.dumps(meta, indent=4))
+    return forgotten
+
+
 def generate_mutants(max_children: int) -> None:
     """Write ``mutants/`` (the mutated sources and each file's ``.meta`` listing its mutants) without testing
     any: mutmut's first phase, so that the mutants of a folder can be named and sampled before the run."""
@@ -269,13 +287,21 @@ def restore_results(mutants_dir: Path, saved: Path) -> int:
 
 
 def run(max_children: int, stop_after: float | None, retry_undetected: bool, only: list[str],
-        retry_timeouts: bool = False, sample: int | None = None) -> int:
+        retry_timeouts: bool = False, sample: int | None = None, retest: list[str] | None = None) -> int:
     print(f"restored {restore_results(Path('mutants'), SAVED_RESULTS)} saved verdicts")
-    if sample is not None or only:
+    if sample is not None or only or retest:
         # names every mutant: the verdicts restored into a fresh mutants/ name only the judged ones, so the
         # retests, the draw and a folder's never-judged mutants can be listed only after this
         generate_mutants(max_children)
     retests: list[str] = []
+    if retest:
+        retests += forget_named(Path("mutants"), set(retest))
+        unknown = sorted(set(retest) - set(retests))
+        if unknown:
+            print(f"error: no mutant named {', '.join(unknown)}; mutants/mutation-survivors.txt (written by "
+                  "`tools/mutation.py report`) lists the survivors' names", file=sys.stderr)
+            return 2
+        print(f"retesting {len(retests)} named mutants")
     if retry_undetected:
         retests += forget(Path("mutants"), only or list(FOLDERS), UNDETECTED)
         print(f"retesting {len(retests)} undetected mutants")
@@ -296,7 +322,10 @@ def run(max_children: int, stop_after: float | None, retry_undetected: bool, onl
         print(f"testing a uniform draw of {len(drawn)} mutants without a verdict")
     elif only:
         names = pending_in(only, Path("mutants"))
-    if sample is not None or only:
+        names += [name for name in retests if name not in set(names)]  # named mutants of other folders
+    elif retest:
+        names = retests
+    if sample is not None or only or retest:
         if not names:
             print(f"nothing left to test in {', '.join(only or FOLDERS)}")
             return report(Path("mutants"))
@@ -341,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
                             help="test N mutants drawn uniformly from each folder's mutants without a verdict, and "
                                  "with --retry-undetected/--retry-timeouts only those retests besides (the report's "
                                  "interval then estimates the folder's %% killed)")
+    run_parser.add_argument("--retest", type=lambda v: v.split(","), default=[], metavar="NAME,...",
+                            help="retest these mutants (as mutmut names them), whatever their verdict")
     sub.add_parser("report", help="write the report of the results so far")
     sub.add_parser("save", help=f"save the verdicts of mutants/ into {SAVED_RESULTS} (run does it when it ends)")
     args = parser.parse_args(argv)
@@ -355,8 +386,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.sample is not None and args.sample < 0:
             print(f"error: --sample must be a number of mutants (0 or more), got {args.sample}", file=sys.stderr)
             return 2
+        malformed = [name for name in args.retest if "__mutmut_" not in name]
+        if malformed:
+            print(f"error: --retest takes mutant names such as mtlflow.pareto.front.x_dominates__mutmut_3, got "
+                  f"{', '.join(malformed)}", file=sys.stderr)
+            return 2
         return run(args.max_children, args.stop_after, args.retry_undetected, args.only, args.retry_timeouts,
-                   args.sample)
+                   args.sample, args.retest)
     if args.command == "save":
         print(f"saved {save_results(Path('mutants'), SAVED_RESULTS)} verdicts in {SAVED_RESULTS}")
         return 0

@@ -108,3 +108,22 @@ def test_the_interval_is_wilson_s_score_interval() -> None:
     roots = sorted(((-b - s * (b * b - 4 * a * c) ** 0.5) / (2 * a)) for s in (1, -1))
     assert all(abs(x - 100 * r) < 1e-9 for x, r in zip(tool.wilson_interval(detected, judged), roots))
     assert tool.wilson_interval(0, 0) == (0.0, 100.0) and tool.wilson_interval(5, 5)[1] == 100.0
+
+
+def test_retesting_named_mutants_forgets_exactly_those_whatever_their_verdict(tmp_path: Path) -> None:
+    tool = load_tool()
+    front, scoring = "src/mtlflow/pareto/front.py", "src/mtlflow/metrics/scoring.py"
+    write_meta(tmp_path, front, {"x_f": "a"}, {"f_1": 0, "f_2": 1, "f_3": 0})
+    write_meta(tmp_path, scoring, {"x_g": "b"}, {"g_1": 36, "g_2": 0})
+    assert sorted(tool.forget_named(tmp_path, {"f_1", "f_2", "g_1", "unknown"})) == ["f_1", "f_2", "g_1"]
+    assert json.loads((tmp_path / (front + ".meta")).read_text())["exit_code_by_key"] == \
+        {"f_1": None, "f_2": None, "f_3": 0}
+    assert json.loads((tmp_path / (scoring + ".meta")).read_text())["exit_code_by_key"] == {"g_1": None, "g_2": 0}
+
+
+def test_retest_refuses_what_is_not_a_mutant_name_in_one_line(monkeypatch, capsys) -> None:
+    tool = load_tool()
+    monkeypatch.chdir(TOOL.parents[1])
+    assert tool.main(["run", "--retest", "mtlflow.pareto.front.x_dominates__mutmut_3,x_dominates"]) == 2
+    assert capsys.readouterr().err == ("error: --retest takes mutant names such as "
+                                       "mtlflow.pareto.front.x_dominates__mutmut_3, got x_dominates\n")
