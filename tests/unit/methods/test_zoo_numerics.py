@@ -469,3 +469,32 @@ def test_a_gramian_methods_direction_is_the_weighted_gradient_sum_in_the_gradien
     assert d.dtype == dtype and d.shape == (300,)
     exact = method.last_weights.double() @ j.double()
     torch.testing.assert_close(d.double(), exact, rtol=tolerance, atol=tolerance * float(exact.abs().max()))
+
+
+def test_float64_gramian_accumulated_over_column_blocks_is_the_full_product(monkeypatch) -> None:
+    # the float64 copy is made a block of columns at a time (FLOAT64_BLOCK entries); every block counts
+    from mtlflow.methods import _numerics
+
+    j = near_duplicates(2, 3, 50, 0.5, torch.float32)
+    monkeypatch.setattr(_numerics, "FLOAT64_BLOCK", 3 * 8)  # 8 columns a block: 7 blocks, the last one short
+    np.testing.assert_allclose(_numerics.gramian_float64(j).numpy(), exact_gramian(j), rtol=1e-14, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_gramian_tensor_in_the_training_dtype_becomes_a_float64_array(dtype: torch.dtype) -> None:
+    # TorchJD's autogram hands the Gramian over in the model's dtype, possibly still attached to the graph
+    from mtlflow.methods._numerics import gramian_array
+
+    g = torch.tensor([[4.0, 1.0], [1.0, 2.0]], dtype=dtype, requires_grad=True)
+    m = gramian_array(g * 1, "mgda")
+    assert m.dtype == np.float64
+    np.testing.assert_array_equal(m, [[4.0, 1.0], [1.0, 2.0]])
+
+
+def test_the_min_norm_solver_names_itself_when_the_gramian_is_not_finite() -> None:
+    from mtlflow.methods.solvers import min_norm_weights_qp
+
+    with pytest.raises(NonFiniteValueError) as error:
+        min_norm_weights_qp(torch.tensor([[1.0, float("nan")], [float("nan"), 1.0]], dtype=torch.float64))
+    assert str(error.value) == ("min-norm solver: the task-gradient Gramian contains NaN or Inf; "
+                                "check the losses and lower --lr")
