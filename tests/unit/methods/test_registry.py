@@ -86,6 +86,7 @@ def test_every_method_cites_its_paper_and_states_its_cost() -> None:
     ("famo", {"gamma": -0.1}, "gamma"),
     ("ls", {"alpha": 1.0}, "unknown hyper-parameter"),
     ("mgda", {"alpha": 1.0}, "valid: max_iter, solver, tol"),
+    ("ls", {"alpha": 1.0}, "ls: unknown hyper-parameter(s) alpha; valid: none (and scale_convention, for every method)"),
 ])
 def test_invalid_hyper_parameter_values_are_one_line_naming_the_parameter(name: str, hparams: dict,
                                                                           fragment: str) -> None:

@@ -8,6 +8,7 @@ production entry points (``combine`` / ``weights_from_gramian`` / the trainer).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -498,3 +499,20 @@ def test_the_min_norm_solver_names_itself_when_the_gramian_is_not_finite() -> No
         min_norm_weights_qp(torch.tensor([[1.0, float("nan")], [float("nan"), 1.0]], dtype=torch.float64))
     assert str(error.value) == ("min-norm solver: the task-gradient Gramian contains NaN or Inf; "
                                 "check the losses and lower --lr")
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-8])
+def test_a_gramian_with_a_negative_eigenvalue_becomes_its_nearest_psd_matrix_at_any_scale(scale: float) -> None:
+    # G = Q diag(2, -1e-6) Qᵀ (Q a rotation by 30°): its Frobenius-nearest PSD matrix is Q diag(2, 0) Qᵀ; the
+    # tolerance is relative to λmax, so the same matrix scaled to 1e-8 is clipped the same way
+    from mtlflow.methods._numerics import gramian_array
+
+    c, s = math.cos(math.pi / 6), math.sin(math.pi / 6)
+    q = np.array([[c, -s], [s, c]])
+    g = scale * q @ np.diag([2.0, -1e-6]) @ q.T
+    expected = scale * q @ np.diag([2.0, 0.0]) @ q.T
+    np.testing.assert_allclose(gramian_array(g, "mgda"), expected, rtol=1e-12, atol=1e-15 * scale)
+    # a PSD Gramian handed over as a float32 array comes back as it is, in float64
+    psd = np.array([[4.0, 1.0], [1.0, 2.0]], dtype=np.float32)
+    m = gramian_array(psd, "mgda")
+    assert m.dtype == np.float64 and np.array_equal(m, psd)
