@@ -126,3 +126,24 @@ def test_a_method_without_its_own_step_says_so_when_asked_for_one() -> None:
     with pytest.raises(NotImplementedError) as error:
         methods.build("ls", 2).training_step(None, None, 1)
     assert str(error.value) == "ls does not define its own training step"
+
+
+@pytest.mark.parametrize("name,hparams,message", [
+    ("fairgrad", {"alpha": True}, "fairgrad: hyper-parameter alpha=True must be a number, not a boolean"),
+    ("ls", {"scale_convention": 5}, "ls: hyper-parameter scale_convention=5 must be of type str"),
+    ("uw", {"min_losses": [0.0, 0.0, 0.0]}, "uw: min_losses has 3 entries for 2 tasks; "),
+    ("ls", {"alpha": 1.0, "beta": 2.0}, "ls: unknown hyper-parameter(s) alpha, beta; valid: none"),
+])
+def test_a_hyper_parameter_refusal_names_the_method_and_the_parameter(name: str, hparams: dict, message: str) -> None:
+    with pytest.raises(InvalidParameterError) as exc:
+        methods.build(name, 2, **hparams)
+    assert str(exc.value).startswith(message)
+
+
+def test_a_method_built_without_a_seed_draws_as_with_seed_0() -> None:
+    # RLW samples its weights from the method's own stream, seeded from the run seed (0 unless given)
+    draws = {}
+    for key, args in (("default", ()), ("0", (0,)), ("1", (1,))):
+        method = methods.build("rlw", 3, *args)
+        draws[key] = method.weights(torch.ones(3))
+    assert torch.equal(draws["default"], draws["0"]) and not torch.equal(draws["default"], draws["1"])

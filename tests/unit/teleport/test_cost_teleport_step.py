@@ -325,8 +325,8 @@ def test_the_teleports_extra_batches_are_a_shuffle_of_the_training_split_fixed_b
         sorted(torch.cat(ordered).flatten(1).sum(1).tolist()))
 
 
-@pytest.mark.parametrize("batch_size", [0, 3])
-def test_every_teleport_batch_gives_its_own_losses_and_index_0_stays_the_trigger_batch(batch_size):
+@pytest.mark.parametrize("batch_size,balance", [(0, "softmax"), (3, "complement")])
+def test_every_teleport_batch_gives_its_own_losses_and_index_0_stays_the_trigger_batch(batch_size, balance):
     # batch_size 0: whole batches; 3: the first 3 samples of each
     model = _tiny_model()
     adapted = adapters.inject(model, model.shared_parameters(), "lora", 2)
@@ -340,7 +340,12 @@ def test_every_teleport_batch_gives_its_own_losses_and_index_0_stays_the_trigger
                               inputs_targets=lambda batch: batch, task_losses=task_losses)
     batches = SimpleNamespace(n=3, get=lambda index: data[index])
     stats = gradient_stats(torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=torch.float64))
-    problem = CostTeleport({"batch_size": batch_size})._problem(trainer, adapted, batches, stats)
+    problem = CostTeleport({"batch_size": batch_size, "balance": balance})._problem(trainer, adapted, batches, stats)
+    # R of the options' kind for the gradient norms 1 and 2 (sum 3): Eq. 10's K·softmax(3/1, 3/2), or the
+    # released code's K·(1 - norm/sum)
+    sigmoid = 1.0 / (1.0 + math.exp(-1.5))
+    expected_balance = {"softmax": [2 * sigmoid, 2 * (1 - sigmoid)], "complement": [4 / 3, 2 / 3]}[balance]
+    assert problem.balance.tolist() == pytest.approx(expected_balance, rel=1e-12)
     used = batch_size or 8
     with torch.no_grad():
         expected = [torch.stack(task_losses(adapted.model(x[:used]), [t[:used] for t in y])) for x, y in data]
