@@ -295,16 +295,19 @@ def run(max_children: int, stop_after: float | None, retry_undetected: bool, onl
         generate_mutants(max_children)
     retests: list[str] = []
     if retest:
-        retests += forget_named(Path("mutants"), set(retest))
-        unknown = sorted(set(retest) - set(retests))
+        # every name checked before any verdict is cleared: a typo leaves mutants/ as it was
+        known = {name for mutants in load_results(Path("mutants")).values() for name in mutants}
+        unknown = sorted(set(retest) - known)
         if unknown:
             print(f"error: no mutant named {', '.join(unknown)}; mutants/mutation-survivors.txt (written by "
                   "`tools/mutation.py report`) lists the survivors' names", file=sys.stderr)
             return 2
+        retests += forget_named(Path("mutants"), set(retest))
         print(f"retesting {len(retests)} named mutants")
     if retry_undetected:
-        retests += forget(Path("mutants"), only or list(FOLDERS), UNDETECTED)
-        print(f"retesting {len(retests)} undetected mutants")
+        undetected = forget(Path("mutants"), only or list(FOLDERS), UNDETECTED)
+        retests += undetected
+        print(f"retesting {len(undetected)} undetected mutants")
     if retry_timeouts:
         timed_out = forget(Path("mutants"), only or list(FOLDERS), {"timeout"})
         retests += timed_out
