@@ -166,21 +166,12 @@ def test_mean_invariance_target_is_each_tasks_loss_averaged_over_the_teleport_ba
     # the released code's L* (invariance_target="mean"): one row [1, K], the per-task mean of the K losses of
     # each of the teleport's batches, computed here on the model without adapters (LoRA starts at B = 0)
     model = _tiny_model().double()
-    adapted = adapters.inject(model, model.shared_parameters(), "lora", 2)
     g = torch.Generator().manual_seed(0)
     data = [(torch.randn(8, 4, generator=g, dtype=torch.float64),
              [torch.randn(8, 1, generator=g, dtype=torch.float64) for _ in range(2)]) for _ in range(3)]
-
-    def task_losses(preds, targets):
-        return [((p - t) ** 2).mean() for p, t in zip(preds, targets)]
-
-    trainer = SimpleNamespace(device=torch.device("cpu"), config=SimpleNamespace(amp="none"),
-                              inputs_targets=lambda batch: batch, task_losses=task_losses)
-    batches = SimpleNamespace(n=3, get=lambda index: data[index])
-    stats = gradient_stats(torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=torch.float64))
-    problem = CostTeleport({"invariance_target": "mean"})._problem(trainer, adapted, batches, stats)
+    _, problem = _teleport_problem(model, data, {"invariance_target": "mean"})
     with torch.no_grad():
-        per_batch = [[float(loss) for loss in task_losses(model(x), y)] for x, y in data]
+        per_batch = [[float(loss) for loss in _squared_errors(model(x), y)] for x, y in data]
     expected = [[sum(row[i] for row in per_batch) / 3 for i in range(2)]]
     torch.testing.assert_close(problem.targets, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=0.0)
 
@@ -213,32 +204,37 @@ def _tiny_model() -> MultiTaskModel:
     return MultiTaskModel(trunk, [nn.Linear(5, 1), nn.Linear(5, 1)], ["a", "b"])
 
 
+def _squared_errors(preds, targets):
+    return [((p - t) ** 2).mean() for p, t in zip(preds, targets)]
+
+
+def _teleport_problem(model: MultiTaskModel, data: list, options: dict | None = None, amp: str = "none"):
+    """The adapted copy of ``model`` (LoRA, rank 2) and COST's problem on it over the batches ``data`` (batch 0
+    the trigger batch), for task gradient norms 1 and 2, through a stand-in trainer with squared-error losses."""
+    adapted = adapters.inject(model, model.shared_parameters(), "lora", 2)
+    trainer = SimpleNamespace(device=torch.device("cpu"), config=SimpleNamespace(amp=amp),
+                              inputs_targets=lambda batch: batch, task_losses=_squared_errors)
+    batches = SimpleNamespace(n=len(data), get=lambda index: data[index])
+    stats = gradient_stats(torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=torch.float64))
+    return adapted, CostTeleport(options)._problem(trainer, adapted, batches, stats)
+
+
 def test_the_teleports_forward_runs_in_bfloat16_under_amp_whatever_autocasts_default_dtype():
     # --amp bf16 means bfloat16 also where autocast's default is another type (float16 on CUDA; set here on
     # the CPU, whose default is bfloat16)
-    model = _tiny_model()
-    adapted = adapters.inject(model, model.shared_parameters(), "lora", 2)
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(8, 4, generator=g), [torch.randn(8, 1, generator=g) for _ in range(2)]
-
-    def task_losses(preds, targets):
-        return [((p - t) ** 2).mean() for p, t in zip(preds, targets)]
-
-    trainer = SimpleNamespace(device=torch.device("cpu"), config=SimpleNamespace(amp="bf16"),
-                              inputs_targets=lambda batch: batch, task_losses=task_losses)
-    batches = SimpleNamespace(n=1, get=lambda index: (x, y))
-    stats = gradient_stats(torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=torch.float64))
-
-    def expected(dtype: torch.dtype) -> torch.Tensor:
-        with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
-            return torch.stack(trainer.task_losses(adapted.model(x), y)).float()
-
     previous = torch.get_autocast_dtype("cpu")
     torch.set_autocast_dtype("cpu", torch.float16)
     try:
-        problem = CostTeleport()._problem(trainer, adapted, batches, stats)
+        adapted, problem = _teleport_problem(_tiny_model(), [(x, y)], amp="bf16")
     finally:
         torch.set_autocast_dtype("cpu", previous)
+
+    def expected(dtype: torch.dtype) -> torch.Tensor:
+        with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+            return torch.stack(_squared_errors(adapted.model(x), y)).float()
+
     assert not torch.equal(expected(torch.bfloat16), expected(torch.float16))
     assert torch.equal(problem.targets, expected(torch.bfloat16).unsqueeze(0))
 
@@ -328,19 +324,9 @@ def test_the_teleports_extra_batches_are_a_shuffle_of_the_training_split_fixed_b
 @pytest.mark.parametrize("batch_size,balance", [(0, "softmax"), (3, "complement")])
 def test_every_teleport_batch_gives_its_own_losses_and_index_0_stays_the_trigger_batch(batch_size, balance):
     # batch_size 0: whole batches; 3: the first 3 samples of each
-    model = _tiny_model()
-    adapted = adapters.inject(model, model.shared_parameters(), "lora", 2)
     g = torch.Generator().manual_seed(1)
     data = [(torch.randn(8, 4, generator=g), [torch.randn(8, 1, generator=g) for _ in range(2)]) for _ in range(3)]
-
-    def task_losses(preds, targets):
-        return [((p - t) ** 2).mean() for p, t in zip(preds, targets)]
-
-    trainer = SimpleNamespace(device=torch.device("cpu"), config=SimpleNamespace(amp="no"),
-                              inputs_targets=lambda batch: batch, task_losses=task_losses)
-    batches = SimpleNamespace(n=3, get=lambda index: data[index])
-    stats = gradient_stats(torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=torch.float64))
-    problem = CostTeleport({"batch_size": batch_size, "balance": balance})._problem(trainer, adapted, batches, stats)
+    adapted, problem = _teleport_problem(_tiny_model(), data, {"batch_size": batch_size, "balance": balance})
     # R of the options' kind for the gradient norms 1 and 2 (sum 3): Eq. 10's K·softmax(3/1, 3/2), or the
     # released code's K·(1 - norm/sum)
     sigmoid = 1.0 / (1.0 + math.exp(-1.5))
@@ -348,7 +334,7 @@ def test_every_teleport_batch_gives_its_own_losses_and_index_0_stays_the_trigger
     assert problem.balance.tolist() == pytest.approx(expected_balance, rel=1e-12)
     used = batch_size or 8
     with torch.no_grad():
-        expected = [torch.stack(task_losses(adapted.model(x[:used]), [t[:used] for t in y])) for x, y in data]
+        expected = [torch.stack(_squared_errors(adapted.model(x[:used]), [t[:used] for t in y])) for x, y in data]
         assert torch.equal(problem.targets, torch.stack(expected))
         # the adapter loop comes back to index 0 after the others: still the trigger batch
         for index in (1, 2, 0):
