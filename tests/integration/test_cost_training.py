@@ -185,10 +185,14 @@ def test_oft_is_refused_on_conv_layers_and_bad_wrappers_are_one_line_errors(mult
         RunConfig(teleport="bogus").validate()
     with pytest.raises(InvalidParameterError, match="without a teleport"):
         RunConfig(teleport_options={"trigger": "weak"}).validate()
-    with pytest.raises(InvalidParameterError, match="at least 2 tasks"):
+    with pytest.raises(InvalidParameterError) as error:
         Trainer(bench, data, RunConfig(tasks=["left"], teleport="cost"), tmp_path / "r", progress=False)
-    with pytest.raises(InvalidParameterError, match="owns its training step"):
-        RunConfig(method="moml", teleport="cost").validate()
+    assert str(error.value) == ("--teleport cost needs at least 2 tasks (gradient conflicts between tasks trigger it); "
+                                "drop --tasks or --teleport")
+    with pytest.raises(InvalidParameterError) as error:
+        RunConfig(method="moml", teleport="cost")
+    assert str(error.value) == ("--teleport cost wraps methods that use the trainer's step; 'moml' owns its training "
+                                "step (custom_step); drop --teleport")
 
 
 @pytest.mark.parametrize("method", ["ls", "mgda", "famo", "fairgrad", "nashmtl"])

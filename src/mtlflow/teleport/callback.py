@@ -117,15 +117,11 @@ class CostTeleport(Callback):
 
     def check(self, trainer: TrainerView) -> None:
         """Reject what COST cannot wrap, before training starts (called by the trainer's constructor)."""
-        method = trainer.method
-        if method.custom_step:
-            raise InvalidParameterError(f"--teleport cost wraps methods that use the trainer's step; {method.name!r} "
-                                        "owns its training step (custom_step)")
+        # a method with its own step (custom_step) is refused by RunConfig, which every Trainer is built from
         if len(trainer.tasks) < 2:
             raise InvalidParameterError("--teleport cost needs at least 2 tasks (gradient conflicts between tasks "
                                         "trigger it); drop --tasks or --teleport")
         adapters.check_targets(trainer.model, trainer.model.shared_parameters(), self.resolved.adapter)
-        self._task_names = [t.name for t in trainer.tasks]
 
     def _reset_epoch(self) -> None:
         self._events: list[dict[str, Any]] = []

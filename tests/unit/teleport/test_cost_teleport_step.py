@@ -20,6 +20,7 @@ from cost_helpers import double_lenet_trainer
 from torch import nn
 
 from mtlflow.core.callbacks import Callback, StepState
+from mtlflow.core.errors import InvalidParameterError
 from mtlflow.engine.trainer import Trainer
 from mtlflow.models.base import MultiTaskModel
 from mtlflow.teleport import adapters, callback
@@ -174,6 +175,38 @@ def test_mean_invariance_target_is_each_tasks_loss_averaged_over_the_teleport_ba
         per_batch = [[float(loss) for loss in _squared_errors(model(x), y)] for x, y in data]
     expected = [[sum(row[i] for row in per_batch) / 3 for i in range(2)]]
     torch.testing.assert_close(problem.targets, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=0.0)
+    assert problem.dtype == torch.float64  # the perturbations are drawn in the trunk's dtype
+
+
+def test_the_problem_of_a_trunk_with_one_parameter_perturbs_that_parameter():
+    # a bias-free single Linear trunk: one shared parameter, which also gives the problem's dtype
+    torch.manual_seed(0)
+    model = MultiTaskModel(nn.Sequential(nn.Linear(4, 5, bias=False), nn.Tanh()), [nn.Linear(5, 1), nn.Linear(5, 1)],
+                           ["a", "b"]).double()
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(8, 4, generator=g, dtype=torch.float64),
+             [torch.randn(8, 1, generator=g, dtype=torch.float64) for _ in range(2)])]
+    _, problem = _teleport_problem(model, data)
+    assert problem.perturbation_shapes == {"trunk.0.base_layer.weight": (5, 4)}
+    assert problem.dtype == torch.float64
+
+
+def test_a_trunk_without_conv_or_linear_layers_is_refused_in_one_line():
+    model = MultiTaskModel(nn.Sequential(nn.LayerNorm(4)), [nn.Linear(4, 1), nn.Linear(4, 1)], ["a", "b"])
+    with pytest.raises(InvalidParameterError) as error:
+        adapters.check_targets(model, model.shared_parameters(), "lora")
+    assert str(error.value) == ("COST needs Conv2d or Linear layers in the shared trunk to put adapters on; this model's "
+                                "trunk has none (use a benchmark with a convolutional or MLP trunk)")
+
+
+def test_inject_refuses_oft_on_conv_layers_naming_the_first_three():
+    # injecting directly (not through the teleport's check) refuses too; four Conv2d layers: three named, then "..."
+    trunk = nn.Sequential(*[nn.Conv2d(1, 1, 1) for _ in range(4)], nn.Flatten())
+    model = MultiTaskModel(trunk, [nn.Linear(4, 1), nn.Linear(4, 1)], ["a", "b"])
+    with pytest.raises(InvalidParameterError) as error:
+        adapters.inject(model, model.shared_parameters(), "oft")
+    assert str(error.value) == ("COST adapter 'oft' is wrong on Conv2d layers in peft 0.21 (its output differs at "
+                                "initialisation; trunk layers trunk.0, trunk.1, trunk.2...); use adapter=lora or loha")
 
 
 def test_adapter_objective_is_weighted_invariance_minus_gamma_times_sharpness():
