@@ -109,6 +109,9 @@ def test_invariance_and_sharpness_losses_on_hand_computed_values():
     assert math.isclose(float(sharpness_loss(base, perturbed, r, "max-of-mean", 1.0)), 0.1, rel_tol=1e-6)
     # released: mean_i max_j R_i |d_ij| / δ = (max(0.15, 0.45) + max(0.1, 0.25)) / 2 / 0.5 = 0.7
     assert math.isclose(float(sharpness_loss(base, perturbed, r, "mean-of-max", 0.5)), 0.7, rel_tol=1e-6)
+    # the balance weights come from float64 gradient statistics; L_g keeps the losses' float32
+    for reduction in ("max-of-mean", "mean-of-max"):
+        assert sharpness_loss(base, perturbed, r.double(), reduction, 0.5).dtype == torch.float32
 
 
 def test_perturbations_lie_on_the_sphere_or_have_the_norm_per_tensor():
@@ -118,6 +121,22 @@ def test_perturbations_lie_on_the_sphere_or_have_the_norm_per_tensor():
     assert math.isclose(float(torch.sqrt(sum((t ** 2).sum() for t in eps.values()))), 0.3, rel_tol=1e-9)
     eps = sample_perturbation(shapes, 0.3, "per-tensor", g, torch.float64, torch.device("cpu"))
     assert all(math.isclose(float(t.norm()), 0.3, rel_tol=1e-9) for t in eps.values())
+
+
+@pytest.mark.parametrize("noise", ["sphere", "per-tensor"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_perturbations_are_the_generators_float64_normal_draw_scaled_to_the_radius(noise, dtype):
+    # every dtype draws the same float64 standard normals (a float32 run perturbs in the direction of a float64
+    # one); one-element tensors whose draws are below 1 in size are scaled up to the radius, not left short
+    shapes = {"a": torch.Size([1]), "b": torch.Size([1])}
+    draws = torch.randn(2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    assert float(draws.norm()) < 1.0
+    eps = sample_perturbation(shapes, 0.3, noise, torch.Generator().manual_seed(3), dtype, torch.device("cpu"))
+    scale = 0.3 / draws.norm() if noise == "sphere" else 0.3 / draws.abs()
+    expected = (draws * scale).to(dtype)
+    assert all(t.dtype == dtype for t in eps.values())
+    rtol = 1e-12 if dtype == torch.float64 else 1e-6
+    torch.testing.assert_close(torch.cat([eps["a"], eps["b"]]), expected, rtol=rtol, atol=0.0)
 
 
 def _tiny_model() -> nn.Module:
