@@ -199,14 +199,15 @@ def test_a_trunk_without_conv_or_linear_layers_is_refused_in_one_line():
                                 "trunk has none (use a benchmark with a convolutional or MLP trunk)")
 
 
-def test_inject_refuses_oft_on_conv_layers_naming_the_first_three():
-    # injecting directly (not through the teleport's check) refuses too; four Conv2d layers: three named, then "..."
-    trunk = nn.Sequential(*[nn.Conv2d(1, 1, 1) for _ in range(4)], nn.Flatten())
+@pytest.mark.parametrize("n_convs, named", [(4, "trunk.0, trunk.1, trunk.2..."), (3, "trunk.0, trunk.1, trunk.2")])
+def test_inject_refuses_oft_on_conv_layers_naming_the_first_three(n_convs, named):
+    # injecting directly (not through the teleport's check) refuses too; beyond three Conv2d layers, "..."
+    trunk = nn.Sequential(*[nn.Conv2d(1, 1, 1) for _ in range(n_convs)], nn.Flatten())
     model = MultiTaskModel(trunk, [nn.Linear(4, 1), nn.Linear(4, 1)], ["a", "b"])
     with pytest.raises(InvalidParameterError) as error:
         adapters.inject(model, model.shared_parameters(), "oft")
     assert str(error.value) == ("COST adapter 'oft' is wrong on Conv2d layers in peft 0.21 (its output differs at "
-                                "initialisation; trunk layers trunk.0, trunk.1, trunk.2...); use adapter=lora or loha")
+                                f"initialisation; trunk layers {named}); use adapter=lora or loha")
 
 
 def test_adapter_objective_is_weighted_invariance_minus_gamma_times_sharpness():
