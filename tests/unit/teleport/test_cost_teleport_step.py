@@ -25,7 +25,8 @@ from mtlflow.engine.trainer import Trainer
 from mtlflow.models.base import MultiTaskModel
 from mtlflow.teleport import adapters, callback
 from mtlflow.teleport.callback import CostTeleport
-from mtlflow.teleport.objective import TeleportProblem, adapter_objective
+from mtlflow.teleport import objective
+from mtlflow.teleport.objective import TeleportProblem, adapter_objective, optimise_adapter
 from mtlflow.teleport.options import CostOptions
 from mtlflow.teleport.triggers import gradient_stats
 
@@ -230,6 +231,32 @@ def test_adapter_objective_is_weighted_invariance_minus_gamma_times_sharpness():
     total, l_t, l_g = adapter_objective(problem, options, 0, [eps])
     assert (float(l_t.detach()), float(l_g.detach())) == (0.75, 0.9375)
     assert float(total.detach()) == 1.03125
+
+
+@pytest.mark.parametrize("noise", ["sphere", "per-tensor"])
+def test_the_adapter_optimisation_draws_its_perturbations_with_the_options_noise(noise):
+    # one step on losses (x₀², x₁²) at x = w + Δ + (ε_a, ε_b): two one-element tensors, so the sphere (‖ε‖ = δ over
+    # both) and per-tensor noise (|ε_a| = |ε_b| = δ) differ; L_g of the step is Eq. 9 at the draws of the seed
+    w = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    delta = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+
+    def losses(batch, eps):
+        x = w + delta + (torch.cat([eps["a"], eps["b"]]) if eps is not None else 0.0)
+        return x ** 2
+
+    shapes = {"a": torch.Size([1]), "b": torch.Size([1])}
+    problem = TeleportProblem(losses=losses, perturbation_shapes=shapes, adapter_parameters=[delta],
+                              targets=torch.tensor([[1.0, 4.0]], dtype=torch.float64),
+                              balance=torch.tensor([1.5, 0.5], dtype=torch.float64), n_batches=1,
+                              dtype=torch.float64)
+    options = CostOptions.from_mapping({"noise": noise, "radius": 0.1, "perturbations": 2}).resolved()
+    draw = torch.Generator().manual_seed(5)
+    eps = [objective.sample_perturbation(shapes, 0.1, noise, draw, torch.float64, torch.device("cpu"))
+           for _ in range(2)]
+    perturbed = torch.stack([(w + torch.cat([e["a"], e["b"]])) ** 2 for e in eps])
+    expected = ((perturbed - w ** 2) * problem.balance).mean(dim=1).abs().max()
+    trace = optimise_adapter(problem, options, 1, 1e-3, torch.Generator().manual_seed(5))
+    assert trace.sharpness == [pytest.approx(float(expected), rel=1e-12)]
 
 
 def _tiny_model() -> MultiTaskModel:

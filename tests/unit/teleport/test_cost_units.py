@@ -81,10 +81,16 @@ def test_released_rule_uses_less_or_equal_and_a_zero_gradient_triggers_only_it()
 
 
 def test_trigger_reasons_name_the_tasks():
+    # g_left = (1, 0), g_right = (-0.5, 0.1): mean (0.25, 0.05); cos(g_right, mean) = -0.12 / (0.5099 · 0.2550)
     stats = stats_of([1.0, 0.0], [-0.5, 0.1])
-    assert "right" in describe("dominated", stats, ["left", "right"])
-    assert "left" in describe("weak", stats, ["left", "right"])
-    assert "1 of 2" in describe("many-task", stats, ["left", "right"])
+    names = ["left", "right"]
+    assert describe("dominated", stats, names) == ("dominated conflict (Eq. 3): smallest-norm task right has cos "
+                                                   "-0.923 < 0 with the mean gradient")
+    assert describe("weak", stats, names) == "weak conflict (Def. 1): cos(g_left, g_right) = -0.981 < 0"
+    assert describe("many-task", stats, names) == ("many-task conflict (Eq. 4): 1 of 2 tasks conflict with the mean "
+                                                   "gradient (>= 1)")
+    assert describe("released", stats, names) == "released-code rule: task right has cos -0.923 <= 0 with the mean"
+    assert describe("always", stats, names) == "always (timing)"
 
 
 # -- objective ---------------------------------------------------------------------------------------------
@@ -231,6 +237,9 @@ def test_htr_sigma_is_the_cosine_clamped_at_zero_and_sgd_is_left_alone():
     assert htr_sigma(torch.tensor([1.0, 1.0]), torch.tensor([2.0, 0.0]))[0] == pytest.approx(1 / math.sqrt(2))
     sigma, raw = htr_sigma(torch.tensor([1.0, 0.0]), torch.tensor([-3.0, 0.0]))
     assert (sigma, raw) == (0.0, pytest.approx(-1.0))
+    # parallel vectors whose cosine rounds above 1 in float64: σ, a factor on Adam's moments, is still 1
+    sigma, raw = htr_sigma(torch.ones(3), torch.ones(3))
+    assert raw > 1.0 and sigma == 1.0
     p = nn.Parameter(torch.zeros(2))
     assert apply_htr(torch.optim.SGD([p], lr=0.1, momentum=0.9), [p], 0.5) == []
 
