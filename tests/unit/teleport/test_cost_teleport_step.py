@@ -233,6 +233,25 @@ def test_adapter_objective_is_weighted_invariance_minus_gamma_times_sharpness():
     assert float(total.detach()) == 1.03125
 
 
+def test_the_objective_of_a_later_batch_uses_its_own_target_row_and_the_trigger_batch_for_sharpness():
+    # losses (b+1)·(x₀², x₁²) on batch b at x = w + Δ (+ ε), w = (1, 2): batch 1 gives (2, 8) against its target row
+    # (1.5, 9): L_t = (0.5 + 1) / 2 = 0.75. L_g perturbs the trigger batch 0: losses (1, 4) -> (2.25, 4) with ε = (0.5, 0),
+    # R = (1.5, 0.5): L_g = |(1.5 · 1.25 + 0) / 2| = 0.9375; 2 · 0.75 − 0.5 · 0.9375 = 1.03125
+    w = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    delta = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+
+    def losses(batch, eps):
+        return (batch + 1) * (w + delta + (eps["w"] if eps is not None else 0.0)) ** 2
+
+    problem = TeleportProblem(losses=losses, perturbation_shapes={"w": w.shape}, adapter_parameters=[delta],
+                              targets=torch.tensor([[0.0, 0.0], [1.5, 9.0]], dtype=torch.float64),
+                              balance=torch.tensor([1.5, 0.5], dtype=torch.float64), n_batches=2,
+                              dtype=torch.float64)
+    options = CostOptions.from_mapping({"invariance_weight": 2.0, "gamma": 0.5}).resolved()
+    total, l_t, l_g = adapter_objective(problem, options, 1, [{"w": torch.tensor([0.5, 0.0], dtype=torch.float64)}])
+    assert (float(l_t.detach()), float(l_g.detach()), float(total.detach())) == (0.75, 0.9375, 1.03125)
+
+
 @pytest.mark.parametrize("noise", ["sphere", "per-tensor"])
 def test_the_adapter_optimisation_draws_its_perturbations_with_the_options_noise(noise):
     # one step on losses (x₀², x₁²) at x = w + Δ + (ε_a, ε_b): two one-element tensors, so the sphere (‖ε‖ = δ over

@@ -80,6 +80,23 @@ def test_released_rule_uses_less_or_equal_and_a_zero_gradient_triggers_only_it()
     assert RULES["always"](stats)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gradient_statistics_are_float64_whatever_the_gradients_dtype(dtype):
+    grads = torch.tensor([[3.0, 4.0], [-1.0, 0.5]]).to(dtype)
+    stats = gradient_stats(grads, pairwise=True)
+    assert {stats.norms.dtype, stats.cos_to_mean.dtype, stats.pairwise_cos.dtype} == {torch.float64}
+    # the norms are taken in the gradients' dtype (one pass over P) and stored in float64
+    torch.testing.assert_close(stats.norms, grads.double().norm(dim=1), rtol=1e-6 if dtype == torch.float32 else 1e-2,
+                               atol=0.0)
+
+
+@pytest.mark.parametrize("shape", [(1, 3), (3,)])
+def test_gradient_statistics_refuse_fewer_than_two_rows_in_one_line(shape):
+    with pytest.raises(InvalidParameterError) as error:
+        gradient_stats(torch.ones(shape))
+    assert str(error.value) == f"COST needs per-task gradients of at least 2 tasks, got shape {shape}"
+
+
 def test_trigger_reasons_name_the_tasks():
     # g_left = (1, 0), g_right = (-0.5, 0.1): mean (0.25, 0.05); cos(g_right, mean) = -0.12 / (0.5099 · 0.2550)
     stats = stats_of([1.0, 0.0], [-0.5, 0.1])
@@ -94,6 +111,18 @@ def test_trigger_reasons_name_the_tasks():
 
 
 # -- objective ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["softmax", "complement"])
+def test_balance_weights_are_computed_in_float64_from_float32_norms(kind):
+    norms = torch.tensor([0.3, 1.7, 4.1])
+    weights = balance_weights(norms, kind)
+    assert weights.dtype == torch.float64
+    torch.testing.assert_close(weights, balance_weights(norms.double(), kind), rtol=0.0, atol=0.0)
+    total = sum(float(n) for n in norms)
+    expected = [3 * (1 - float(n) / total) for n in norms] if kind == "complement" else \
+        [3 * math.exp(total / float(n)) / sum(math.exp(total / float(m)) for m in norms) for n in norms]
+    assert weights.tolist() == pytest.approx(expected, rel=1e-13)
+
 
 def test_balance_weights_follow_eq_10_and_the_released_formula():
     norms = torch.tensor([1.0, 3.0], dtype=torch.float64)
@@ -115,7 +144,8 @@ def test_invariance_and_sharpness_losses_on_hand_computed_values():
     assert math.isclose(float(sharpness_loss(base, perturbed, r, "max-of-mean", 1.0)), 0.1, rel_tol=1e-6)
     # released: mean_i max_j R_i |d_ij| / δ = (max(0.15, 0.45) + max(0.1, 0.25)) / 2 / 0.5 = 0.7
     assert math.isclose(float(sharpness_loss(base, perturbed, r, "mean-of-max", 0.5)), 0.7, rel_tol=1e-6)
-    # the balance weights come from float64 gradient statistics; L_g keeps the losses' float32
+    # the balance weights come from float64 gradient statistics; L_t and L_g keep the losses' float32
+    assert invariance_loss(losses, targets.double()).dtype == torch.float32
     for reduction in ("max-of-mean", "mean-of-max"):
         assert sharpness_loss(base, perturbed, r.double(), reduction, 0.5).dtype == torch.float32
 
