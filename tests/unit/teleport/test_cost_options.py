@@ -70,6 +70,14 @@ def test_an_integer_option_refuses_a_float_and_a_bool_that_clear_its_lower_bound
     ({"steps": 0}, "steps must be an integer >= 1, got 0"),
     ({"invariance_weight": -1.0}, "invariance_weight must be a non-negative finite number, got -1.0"),
     ({"htr": "yes"}, "htr must be true or false, got 'yes'"),
+    ({"balance": "uniform"}, "balance must be one of softmax, complement, got 'uniform'"),
+    ({"noise": "gaussian"}, "noise must be one of sphere, per-tensor, got 'gaussian'"),
+    ({"reduction": "sum"}, "reduction must be one of max-of-mean, mean-of-max, got 'sum'"),
+    ({"htr_reference": "none"}, "htr_reference must be one of mean-gradient, last-update, got 'none'"),
+    ({"delay_epochs": -1}, "delay_epochs must be an integer >= 0, got -1"),
+    ({"check_every": 0}, "check_every must be an integer >= 1, got 0"),
+    ({"radius": float("inf")}, "radius must be a positive finite number, got inf"),
+    ({"gamma": "big"}, "gamma must be a non-negative finite number, got 'big'"),
 ])
 def test_a_bad_value_is_refused_naming_the_option_and_the_value(options, message):
     assert refusal(options) == "COST option " + message
