@@ -40,13 +40,9 @@ def check_benchmark(bench, task_names: list[str], teleport: str | None, options:
     if not teleport:
         return
     validate(teleport, options)
-    from mtlflow.teleport.adapters import check_targets
+    from mtlflow.teleport.adapters import check_wrappable
 
-    if len(task_names) < 2:
-        raise InvalidParameterError(f"--teleport {teleport} needs at least 2 tasks (gradient conflicts between tasks "
-                                    "trigger it); drop --tasks or --teleport")
-    model = bench.make_model(task_names)
-    check_targets(model, model.shared_parameters(), CostOptions.from_mapping(options).resolved().adapter)
+    check_wrappable(bench.make_model(task_names), len(task_names), CostOptions.from_mapping(options).resolved().adapter)
 
 
 def build(teleport: str, options: Mapping[str, Any] | None):

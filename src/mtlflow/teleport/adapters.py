@@ -46,6 +46,17 @@ def adapter_targets(model: nn.Module, shared: Sequence[Tensor]) -> list[str]:
             if isinstance(module, (nn.Conv2d, nn.Linear)) and id(module.weight) in shared_ids]
 
 
+def check_wrappable(model: nn.Module, n_tasks: int, adapter: str) -> None:
+    """COST's refusals of a model before any work: fewer than 2 tasks, or no layer ``adapter`` can go on.
+
+    One place for the trainer's check (:meth:`CostTeleport.check`) and the job's dry check
+    (:func:`mtlflow.teleport.check_benchmark`)."""
+    if n_tasks < 2:
+        raise InvalidParameterError("--teleport cost needs at least 2 tasks (gradient conflicts between tasks "
+                                    "trigger it); drop --tasks or --teleport")
+    check_targets(model, model.shared_parameters(), adapter)
+
+
 def check_targets(model: nn.Module, shared: Sequence[Tensor], adapter: str) -> list[str]:
     """The adapter targets, or a one-line error when there are none or the adapter cannot handle them."""
     targets = adapter_targets(model, shared)

@@ -32,7 +32,6 @@ import torch
 from torch import Tensor, nn
 
 from mtlflow.core.callbacks import Callback, StepState, TrainerView
-from mtlflow.core.errors import InvalidParameterError
 from mtlflow.teleport import adapters
 from mtlflow.teleport.htr import apply_htr, htr_sigma, restore_htr
 from mtlflow.teleport.objective import TeleportProblem, balance_weights, optimise_adapter
@@ -118,10 +117,7 @@ class CostTeleport(Callback):
     def check(self, trainer: TrainerView) -> None:
         """Reject what COST cannot wrap, before training starts (called by the trainer's constructor)."""
         # a method with its own step (custom_step) is refused by RunConfig, which every Trainer is built from
-        if len(trainer.tasks) < 2:
-            raise InvalidParameterError("--teleport cost needs at least 2 tasks (gradient conflicts between tasks "
-                                        "trigger it); drop --tasks or --teleport")
-        adapters.check_targets(trainer.model, trainer.model.shared_parameters(), self.resolved.adapter)
+        adapters.check_wrappable(trainer.model, len(trainer.tasks), self.resolved.adapter)
 
     def _reset_epoch(self) -> None:
         self._events: list[dict[str, Any]] = []

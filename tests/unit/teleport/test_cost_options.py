@@ -88,3 +88,37 @@ def test_build_refuses_options_that_are_not_a_mapping():
     with pytest.raises(InvalidParameterError) as error:
         build("cost", [("rank", 3)])
     assert str(error.value) == "teleport_options must be a mapping, got [('rank', 3)]"
+
+
+def test_validate_refuses_options_without_a_teleport_and_an_unknown_teleport_in_one_line():
+    from mtlflow.teleport import validate
+
+    for teleport in (None, ""):
+        validate(teleport, None)  # no teleport, no options: nothing to check
+        with pytest.raises(InvalidParameterError) as error:
+            validate(teleport, {"trigger": "weak"})
+        assert str(error.value) == "teleport_options given without a teleport; add --teleport cost or drop them"
+    with pytest.raises(InvalidParameterError) as error:
+        validate("warp", None)
+    assert str(error.value) == "unknown teleport 'warp'; valid teleports: cost"
+
+
+def test_the_dry_check_refuses_a_single_task_and_oft_on_the_benchmarks_conv_trunk():
+    # the job's check before any data work (mtlflow.jobs.plan), on MultiMNIST's LeNet (two Conv2d trunk layers)
+    from mtlflow import benchmarks
+    from mtlflow.teleport import check_benchmark
+
+    bench = benchmarks.build("multimnist")
+    check_benchmark(bench, ["left", "right"], None, None)
+    check_benchmark(bench, ["left", "right"], "cost", {"adapter": "lora"})
+    with pytest.raises(InvalidParameterError) as error:
+        check_benchmark(bench, ["left"], "cost", None)
+    assert str(error.value) == ("--teleport cost needs at least 2 tasks (gradient conflicts between tasks trigger it); "
+                                "drop --tasks or --teleport")
+    with pytest.raises(InvalidParameterError) as error:
+        check_benchmark(bench, ["left", "right"], "cost", {"adapter": "oft"})
+    assert str(error.value) == ("COST adapter 'oft' is wrong on Conv2d layers in peft 0.21 (its output differs at "
+                                "initialisation; trunk layers trunk.conv.0, trunk.conv.3); use adapter=lora or loha")
+    with pytest.raises(InvalidParameterError) as error:
+        check_benchmark(bench, ["left", "right"], "cost", {"rank": 0})
+    assert str(error.value) == "COST option rank must be an integer >= 1, got 0"
