@@ -78,6 +78,15 @@ def test_an_integer_option_refuses_a_float_and_a_bool_that_clear_its_lower_bound
     ({"check_every": 0}, "check_every must be an integer >= 1, got 0"),
     ({"radius": float("inf")}, "radius must be a positive finite number, got inf"),
     ({"gamma": "big"}, "gamma must be a non-negative finite number, got 'big'"),
+    ({"trigger": "sometimes"}, "trigger must be one of dominated, weak, many-task, released, always, got 'sometimes'"),
+    ({"batches": -1}, "batches must be an integer >= 0, got -1"),
+    ({"variant": "released", "passes": 0}, "passes must be an integer >= 1, got 0"),
+    ({"lr": 0.0}, "lr must be a positive finite number, got 0.0"),
+    ({"eval_mode": 1}, "eval_mode must be true or false, got 1"),
+    ({"use_invariance": "no"}, "use_invariance must be true or false, got 'no'"),
+    ({"use_invariance": False, "use_sharpness": False},
+     "use_invariance and use_sharpness cannot both be false: the adapter would have no objective"),
+    ({"passes": 2, "steps": 3}, "steps and passes exclude each other; give one (passes x batches = steps)"),
 ])
 def test_a_bad_value_is_refused_naming_the_option_and_the_value(options, message):
     assert refusal(options) == "COST option " + message
