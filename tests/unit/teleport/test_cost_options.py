@@ -131,3 +131,6 @@ def test_the_dry_check_refuses_a_single_task_and_oft_on_the_benchmarks_conv_trun
     with pytest.raises(InvalidParameterError) as error:
         check_benchmark(bench, ["left", "right"], "cost", {"rank": 0})
     assert str(error.value) == "COST option rank must be an integer >= 1, got 0"
+    with pytest.raises(InvalidParameterError) as error:
+        check_benchmark(bench, ["left", "right"], "cost", [("rank", 3)])
+    assert str(error.value) == "teleport_options must be a mapping, got [('rank', 3)]"
