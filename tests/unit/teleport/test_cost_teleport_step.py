@@ -196,8 +196,8 @@ def test_a_trunk_without_conv_or_linear_layers_is_refused_in_one_line():
     model = MultiTaskModel(nn.Sequential(nn.LayerNorm(4)), [nn.Linear(4, 1), nn.Linear(4, 1)], ["a", "b"])
     with pytest.raises(InvalidParameterError) as error:
         adapters.check_targets(model, model.shared_parameters(), "lora")
-    assert str(error.value) == ("COST needs Conv2d or Linear layers in the shared trunk to put adapters on; this model's "
-                                "trunk has none (use a benchmark with a convolutional or MLP trunk)")
+    assert str(error.value) == ("COST needs Conv2d or Linear layers in the shared trunk to put adapters on; this "
+                                "model's trunk has none (use a benchmark with a convolutional or MLP trunk)")
 
 
 @pytest.mark.parametrize("n_convs, named", [(4, "trunk.0, trunk.1, trunk.2..."), (3, "trunk.0, trunk.1, trunk.2")])
@@ -234,9 +234,9 @@ def test_adapter_objective_is_weighted_invariance_minus_gamma_times_sharpness():
 
 
 def test_the_objective_of_a_later_batch_uses_its_own_target_row_and_the_trigger_batch_for_sharpness():
-    # losses (b+1)·(x₀², x₁²) on batch b at x = w + Δ (+ ε), w = (1, 2): batch 1 gives (2, 8) against its target row
-    # (1.5, 9): L_t = (0.5 + 1) / 2 = 0.75. L_g perturbs the trigger batch 0: losses (1, 4) -> (2.25, 4) with ε = (0.5, 0),
-    # R = (1.5, 0.5): L_g = |(1.5 · 1.25 + 0) / 2| = 0.9375; 2 · 0.75 − 0.5 · 0.9375 = 1.03125
+    # losses (b+1)·(x₀², x₁²) on batch b at x = w + Δ (+ ε), w = (1, 2): batch 1 gives (2, 8) against its target
+    # row (1.5, 9): L_t = (0.5 + 1) / 2 = 0.75. L_g perturbs the trigger batch 0: losses (1, 4) -> (2.25, 4) with
+    # ε = (0.5, 0), R = (1.5, 0.5): L_g = |(1.5 · 1.25 + 0) / 2| = 0.9375; 2 · 0.75 − 0.5 · 0.9375 = 1.03125
     w = torch.tensor([1.0, 2.0], dtype=torch.float64)
     delta = torch.zeros(2, dtype=torch.float64, requires_grad=True)
 
@@ -254,8 +254,8 @@ def test_the_objective_of_a_later_batch_uses_its_own_target_row_and_the_trigger_
 
 @pytest.mark.parametrize("noise", ["sphere", "per-tensor"])
 def test_the_adapter_optimisation_draws_its_perturbations_with_the_options_noise(noise):
-    # one step on losses (x₀², x₁²) at x = w + Δ + (ε_a, ε_b): two one-element tensors, so the sphere (‖ε‖ = δ over
-    # both) and per-tensor noise (|ε_a| = |ε_b| = δ) differ; L_g of the step is Eq. 9 at the draws of the seed
+    # one step on losses (x₀², x₁²) at x = w + Δ + (ε_a, ε_b): two one-element tensors, so the sphere (‖ε‖ = δ
+    # over both) and per-tensor noise (|ε_a| = |ε_b| = δ) differ; L_g of the step is Eq. 9 at the seed's draws
     w = torch.tensor([1.0, 2.0], dtype=torch.float64)
     delta = torch.zeros(2, dtype=torch.float64, requires_grad=True)
 
