@@ -168,7 +168,6 @@ class Trainer:
         # per-step arguments, built once: every step of a small model pays for each list built in it
         self._head_params = [p for params in self.task_params for p in params]
         self._optimized_params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        self._callbacks_need_jacobian = any(cb.needs_jacobian for cb in self.callbacks)
         self.history: list[dict[str, Any]] = []
         self.global_step = 0
         self.gradient_mode, self.grad_backend = self._plan_gradients()
@@ -386,9 +385,10 @@ class Trainer:
                 raise InvalidParameterError(f"{self.bench.name}'s shared features are not one tensor; "
                                             "use grad_wrt=parameters and a method that does not need them")
             return _StepWork(mode, forward, representation=representation_jacobian(forward, self.task_params))
-        # losses / reuse: the update back-propagates through this graph, so a callback's Jacobian keeps it
-        grads = (task_jacobian(forward.losses, self.shared, retain_graph=True) if self._callbacks_need_jacobian
-                 else None)
+        # losses / reuse: the update back-propagates through this graph, so a callback's Jacobian keeps it. Asked
+        # per step: a callback may need gradients only on some steps (COST: its checked and redone steps)
+        needed = any(cb.needs_jacobian for cb in self.callbacks)
+        grads = task_jacobian(forward.losses, self.shared, retain_graph=True) if needed else None
         return _StepWork(mode, forward, jacobian=grads)
 
     def _apply_update(self, work: "_StepWork", state: StepState, stacked: Tensor) -> float | None:

@@ -61,6 +61,26 @@ class _Recorder(Callback):
         self.betas = [list(g["betas"]) for g in trainer.optimizer.param_groups]
 
 
+def test_a_loss_weighting_trainer_computes_task_gradients_only_on_the_steps_cost_checks_or_redoes(
+        multimnist_small, tmp_path, monkeypatch):
+    # LS needs no per-task gradients itself; COST checks every second step (0 and 2 of 4) and the cap of one
+    # teleport redoes step 0: gradients on steps 0 (twice: checked, redone) and 2, none on 1 and 3
+    from mtlflow.engine import trainer as trainer_module
+
+    trainer = _trainer(multimnist_small, tmp_path, check_every=2, max_per_epoch=1, steps=1)
+    steps: list[int] = []
+    task_jacobian = trainer_module.task_jacobian
+
+    def counting(*args, **kwargs):
+        steps.append(trainer.callbacks[0]._epoch_step)
+        return task_jacobian(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "task_jacobian", counting)
+    for batch in itertools.islice(iter(trainer._loader(1)), 4):
+        trainer.train_step(batch, 1)
+    assert steps == [0, 0, 2]
+
+
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(a @ b) / math.sqrt(float(a @ a) * float(b @ b))
 
