@@ -60,15 +60,17 @@ def comparable_metrics(references: MetricTable) -> tuple[dict[str, list[str]], d
 
 
 def rank_with_ties(scores: Sequence[float], higher_is_better: bool) -> list[float]:
-    """Ranks (1 = best) with ties sharing their mean rank."""
+    """Ranks (1 = best) with ties sharing their mean rank; a NaN score (a metric undefined for that method) ranks
+    after every number, and the NaNs tie with each other (their order in ``scores`` says nothing)."""
     arr = np.asarray(scores, dtype=float)
     key = -arr if higher_is_better else arr
-    order = np.argsort(key, kind="mergesort")
+    order = np.argsort(key, kind="mergesort")  # NaNs last
     ranks = np.empty(len(arr))
     i = 0
     while i < len(arr):
         j = i
-        while j + 1 < len(arr) and key[order[j + 1]] == key[order[i]]:
+        while j + 1 < len(arr) and (key[order[j + 1]] == key[order[i]]
+                                    or (np.isnan(key[order[j + 1]]) and np.isnan(key[order[i]]))):
             j += 1
         ranks[order[i:j + 1]] = (i + j) / 2 + 1
         i = j + 1

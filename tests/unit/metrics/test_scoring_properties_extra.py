@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from mtlflow.core.errors import InvalidParameterError
-from mtlflow.metrics.scoring import delta_m, hypervolume, mean_rank
+from mtlflow.metrics.scoring import delta_m, hypervolume, mean_rank, rank_with_ties
 
 SPECS = {"a": {"acc": {"higher_is_better": True}, "err": {"higher_is_better": False}},
          "b": {"acc": {"higher_is_better": True}}}
@@ -41,3 +41,13 @@ def test_mean_rank_columns_are_the_first_methods_metrics() -> None:
                "x": {"a": {"acc": 0.8, "err": 0.0}, "b": {"acc": 0.7}}}
     assert mean_rank(results, SPECS) == {"ls": 1.5, "x": 1.5}
     # had a.err (lower is better: x 0.0 first) counted, MR would be ls 5/3 and x 4/3
+
+
+@pytest.mark.parametrize("higher_is_better", [True, False])
+def test_nan_scores_rank_after_every_number_and_tie_with_each_other(higher_is_better: bool) -> None:
+    nan = float("nan")
+    best, worst = (0.7, 0.5) if higher_is_better else (0.5, 0.7)
+    assert rank_with_ties([worst, nan, best, nan], higher_is_better) == [2.0, 3.5, 1.0, 3.5]
+    # 17 NaNs and one number: numpy's default (unstable) sort reorders NaNs from 17 items on; the NaNs share
+    # ranks 2..18, mean 10, whatever their order
+    assert rank_with_ties([nan] * 8 + [best] + [nan] * 9, higher_is_better) == [10.0] * 8 + [1.0] + [10.0] * 9
