@@ -198,6 +198,8 @@ def test_the_front_figure_draws_every_split_s_errors_labelled_by_lambda_one():
                       f"{front['splits'][split]['non_dominated']}/3 non-dominated)" for split in ("val", "test")]
     assert [t.get_text() for t in ax.texts] == ["0.1", "0.6", "0.9"] * 2  # λ₁ at every point
     assert [t.xy for t in ax.texts][:3] == [(0.2, 0.8), (0.5, 0.5), (0.8, 0.3)]
+    # each label sits 3 points up and right of its marker, not on it (nor at data point (3, 3))
+    assert {(t.anncoords, t.xyann) for t in ax.texts} == {("offset points", (3, 3))}
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("a error (loss)", "b error (loss)")
     assert ax.get_title() == "palora on toy (labels: λ₁)"
     plt.close(fig)
