@@ -81,6 +81,27 @@ def test_a_loss_weighting_trainer_computes_task_gradients_only_on_the_steps_cost
     assert steps == [0, 0, 2]
 
 
+@pytest.mark.parametrize("check_every", [1, 2])
+def test_cost_is_refused_with_a_gramian_only_backend_whatever_its_check_period(multimnist_small, tmp_path,
+                                                                              check_every):
+    # autogram computes only the Gramian; COST asks for per-task gradients from its first step, whatever the period
+    with pytest.raises(InvalidParameterError) as error:
+        double_lenet_trainer(multimnist_small, tmp_path / "run", "mgda", {"check_every": check_every},
+                             grad_backend="autogram")
+    assert str(error.value) == ("callback(s) cost need per-task gradients w.r.t. the shared parameters, which the "
+                                "gramian mode of 'mgda' does not compute; use grad_wrt=parameters and a Jacobian "
+                                "backend (loop, batched, func, autojac)")
+
+
+def test_the_teleport_problem_compares_bfloat16_losses_in_float32():
+    # a bf16 model's losses (no autocast): the targets and the problem's losses are float32, not bf16
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 4, generator=g).bfloat16(), [torch.randn(8, 1, generator=g).bfloat16() for _ in range(2)]
+    _, problem = _teleport_problem(_tiny_model().bfloat16(), [(x, y)])
+    assert problem.targets.dtype == torch.float32
+    assert problem.losses(0, None).dtype == torch.float32
+
+
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(a @ b) / math.sqrt(float(a @ a) * float(b @ b))
 
