@@ -97,10 +97,14 @@ def shifted_losses(method: str, losses: Tensor, bounds: Tensor) -> Tensor:
 
 
 def last_shared_layer(model: nn.Module) -> list[nn.Parameter]:
-    """Trainable parameters owned directly by the last module of ``model.trunk`` that has any."""
+    """Shared parameters owned directly by the last module of ``model.trunk`` that has any.
+
+    Only shared ones (``MultiTaskModel.shared_parameters``): SegNet-MTAN's trunk ends with task 1's attention
+    masks, whose weights no other task's loss reaches (GradNorm's norms of the other tasks would be 0)."""
+    shared = {id(p) for p in model.shared_parameters()}
     last: list[nn.Parameter] = []
     for module in model.trunk.modules():
-        own = [p for p in module.parameters(recurse=False) if p.requires_grad]
+        own = [p for p in module.parameters(recurse=False) if id(p) in shared]
         if own:
             last = own
     if not last:

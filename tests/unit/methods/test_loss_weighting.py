@@ -583,3 +583,20 @@ def test_loss_bounds_are_float64_and_one_per_task() -> None:
     with pytest.raises(InvalidParameterError) as error:
         loss_bounds("dwa", 3, [0.0, 0.0])
     assert str(error.value) == "dwa: min_losses has 2 entries for 3 tasks; give one lower bound per task"
+
+
+def test_gradnorms_shared_layer_on_segnet_mtan_is_reached_by_every_tasks_loss() -> None:
+    # SegNet-MTAN's trunk ends with task-specific attention masks; GradNorm's W must be a layer every task's
+    # output depends on (else the other tasks' gradient norms there are 0), checked by autograd
+    from mtlflow import benchmarks
+    from mtlflow.methods._support import last_shared_layer
+
+    torch.manual_seed(0)
+    model = benchmarks.build("nyuv2").make_model().eval()
+    layer = last_shared_layer(model)
+    shared = {id(p) for p in model.shared_parameters()}
+    assert layer and all(id(p) in shared for p in layer)
+    outputs = model(torch.randn(1, 3, 32, 32))
+    for output in outputs:
+        grads = torch.autograd.grad(output.sum(), layer, retain_graph=True, allow_unused=True)
+        assert all(g is not None and float(g.abs().sum()) > 0 for g in grads)
