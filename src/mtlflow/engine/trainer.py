@@ -207,6 +207,14 @@ class Trainer:
                 raise InvalidParameterError("grad_backend 'autogram' needs a model with a `trunk` module; use loop")
             mode = "gramian"
         else:
+            if backend == "autojac" and any(self.model.trunk_task_parameters(i) for i in range(len(self.tasks))):
+                # TorchJD's mtl_backward assumes every path from the shared parameters to a loss runs through the
+                # shared features; task-specific trunk modules (SegNet-MTAN's attention masks) read the encoder's
+                # inner activations, so its Jacobian would be wrong (and its second backward fails)
+                raise InvalidParameterError(
+                    f"grad_backend 'autojac' needs every trunk parameter shared; {self.bench.name}'s model has "
+                    "task-specific parameters inside its trunk (attention masks); use --grad-backend loop, batched "
+                    "or func")
             return "jacobian", backend
         if jacobian_callbacks:
             raise InvalidParameterError(

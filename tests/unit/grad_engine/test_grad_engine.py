@@ -205,6 +205,30 @@ def test_gramian_method_trajectory_is_the_same_for_every_backend(multimnist_smal
                                        msg=lambda m, b=backend, k=key: f"{b}/{k}: {m}")
 
 
+def test_autojac_is_refused_on_a_model_with_task_specific_trunk_parameters(multimnist_small: Path, tmp_path: Path,
+                                                                           monkeypatch) -> None:
+    # like SegNet-MTAN's attention masks: TorchJD's mtl_backward splits the graph at the shared features, which
+    # such parameters bypass; the other Jacobian backends differentiate the losses directly and are accepted
+    from mtlflow.engine.trainer import Trainer
+
+    bench, data = jobs.load_prepared(multimnist_small)
+    make_model = bench.make_model
+
+    def with_task_trunk_parameter(names=None):
+        model = make_model(names)
+        first = next(model.trunk.parameters())
+        model.trunk_task_parameters = lambda index: [first] if index == 0 else []
+        return model
+
+    monkeypatch.setattr(bench, "make_model", with_task_trunk_parameter)
+    with pytest.raises(InvalidParameterError) as error:
+        Trainer(bench, data, RunConfig(method="mgda", grad_backend="autojac"), tmp_path / "a", progress=False)
+    assert str(error.value) == ("grad_backend 'autojac' needs every trunk parameter shared; multimnist's model has "
+                                "task-specific parameters inside its trunk (attention masks); use --grad-backend "
+                                "loop, batched or func")
+    Trainer(bench, data, RunConfig(method="mgda", grad_backend="func"), tmp_path / "f", progress=False)
+
+
 def test_representation_mode_trains_and_matches_mgdaub(multimnist_small: Path, tmp_path: Path) -> None:
     # MGDA with grad_wrt=representation is MGDA-UB: identical runs
     jobs.train(multimnist_small, tmp_path / "ub", method="mgdaub", **TRAJECTORY)
