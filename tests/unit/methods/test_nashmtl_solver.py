@@ -2,12 +2,15 @@
 against its KKT conditions and SciPy's SLSQP, with ∇φ by finite differences), the start point (warm start,
 ones, the shifted min-norm weights; scaled onto the constraint boundary), the two stopping rules and the
 iteration count they give, the warm start from the previous solve (and from a checkpoint), and the message
-when cvxpy disappears before the problem is first built. Also MOML's restore of a stateful upper-level
-solver (MoCo), which continues the uninterrupted run exactly.
+when cvxpy disappears before the problem is first built, or is missing (or lacks the solver) at
+construction. One task (α = 1/‖g‖) and the Pareto-stationary steps (a zero gradient; their count). Also
+MOML's restore of a stateful upper-level solver (MoCo), which continues the uninterrupted run exactly.
 """
 
 from __future__ import annotations
 
+
+import warnings
 
 import numpy as np
 import pytest
@@ -19,6 +22,7 @@ from mtlflow import methods
 from mtlflow.core.errors import SolverError
 from mtlflow.methods._moblo import TaskWeights, build_outer_optimizer
 from mtlflow.methods.nashmtl import CONIC_STATIONARITY_TOL, _CCCPProblem, cccp_start, stationarity_tol
+from mtlflow.methods.solvers import min_norm_weights_qp
 
 TOL = max(stationarity_tol(torch.float64), CONIC_STATIONARITY_TOL)
 
@@ -182,6 +186,69 @@ def test_the_cccp_problem_built_without_cvxpy_names_nashmtl(monkeypatch: pytest.
     with pytest.raises(SolverError) as error:
         solve(jacobian(2, 3, 10), method)          # the CCCP problem is built on the first K ≥ 3 solve
     assert str(error.value) == "nashmtl needs cvxpy: pip install cvxpy (it brings the Clarabel solver)"
+
+
+def test_building_nashmtl_without_cvxpy_names_nashmtl(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the solver check at construction is the first place cvxpy is imported
+    hide_cvxpy(monkeypatch)
+    with pytest.raises(SolverError) as error:
+        methods.build("nashmtl", 2)
+    assert str(error.value) == "nashmtl needs cvxpy: pip install cvxpy (it brings the Clarabel solver)"
+
+
+def test_building_nashmtl_without_its_default_solver_names_nashmtl_and_the_fix(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import cvxpy
+
+    monkeypatch.setattr(cvxpy, "installed_solvers", lambda: ["OSQP"])    # no exponential-cone solver
+    with pytest.raises(SolverError) as error:
+        methods.build("nashmtl", 2)
+    assert str(error.value) == ("nashmtl: cvxpy solver CLARABEL is not installed (installed: OSQP); "
+                                "pip install clarabel, or choose an installed one with --hp solver=CLARABEL")
+
+
+# -- one task and zero gradients -----------------------------------------------------------------
+
+def test_nashmtl_with_one_task_weights_it_one_over_its_norm() -> None:
+    """K = 1: α (GᵀG α) = 1 is α‖g‖² = 1/α, so α = 1/‖g‖ = 1/5 for g = (3, 4) and d = g/‖g‖ = (0.6, 0.8)."""
+    method = methods.build("nashmtl", 1)
+    d = method.combine(torch.tensor([[3.0, 4.0]], dtype=torch.float64), torch.ones(1, dtype=torch.float64))
+    assert method.last_weights.tolist() == pytest.approx([0.2], rel=1e-15)
+    np.testing.assert_allclose(d.numpy(), [0.6, 0.8], rtol=1e-15)
+    assert method.last_residual == pytest.approx(0.0, abs=1e-15)
+    assert method.stationary_steps == 0 and method.last_iterations == 0
+
+
+@pytest.mark.parametrize("grads", [
+    [[0.0, 0.0]],
+    [[1.0, 0.0], [0.0, 0.0]],
+    [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]],
+])
+def test_nashmtl_with_an_exactly_zero_gradient_takes_the_stationary_min_norm_step(grads: list) -> None:
+    """A zero gradient puts 0 in the convex hull (Pareto-stationary): no bargaining solution, so the min-norm
+    weights, whose direction is 0, without a solve (which would divide by the zero norm)."""
+    g = torch.tensor(grads, dtype=torch.float64)
+    method = methods.build("nashmtl", g.shape[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                     # the solve's division by ‖0‖ would only warn at K = 2
+        d = method.combine(g, torch.ones(g.shape[0], dtype=torch.float64))
+    assert method.stationary_steps == 1 and method.last_residual is None and method.last_iterations == 0
+    assert float(d.norm()) <= 1e-8
+    np.testing.assert_allclose(method.last_weights.numpy(), min_norm_weights_qp(g @ g.T).numpy())
+
+
+def test_nashmtl_counts_every_pareto_stationary_step_and_clears_the_residual() -> None:
+    """Anti-parallel gradients g and -3g: 0 is in their hull. After an ordinary solve (a float residual), two
+    stationary steps count 2, in the checkpoint too, and leave no residual (nothing was solved)."""
+    method = methods.build("nashmtl", 2)
+    ones = torch.ones(2, dtype=torch.float64)
+    method.combine(torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=torch.float64), ones)
+    assert isinstance(method.last_residual, float) and method.stationary_steps == 0
+    stationary = torch.tensor([[1.0, 2.0], [-3.0, -6.0]], dtype=torch.float64)
+    for _ in range(2):
+        method.combine(stationary, ones)
+    assert method.stationary_steps == 2 and method.state_dict()["stationary_steps"] == 2
+    assert method.last_residual is None
 
 
 # -- MOML with a stateful upper-level solver ------------------------------------------------------

@@ -9,6 +9,9 @@
   non-zero task; a weight past the float64 range is refused with one clear message.
 * ``_cvx.solve_checked``: the solver it is given is the one that runs, the options reach it, and a missing
   cvxpy or a non-optimal status is reported with one exact message.
+* CAGrad with a zero mean gradient of three tasks takes d = g_0 without a solve; MGDA's Frank-Wolfe stops at
+  the first step below its tolerance and keeps identical gradients on the simplex; the stationarity margin of
+  a Gramian diagonal rounding below zero is 0 without a NaN.
 """
 
 from __future__ import annotations
@@ -21,11 +24,14 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from method_helpers import jacobian
 
 from mtlflow import methods
 from mtlflow.core.errors import SolverError
 from mtlflow.methods._cvx import solve_checked
+from mtlflow.methods.cagrad import cagrad_weights
 from mtlflow.methods.gradvac import gradvac_coefficients
+from mtlflow.methods.solvers import min_norm_weights_frank_wolfe, stationarity_margin, two_task_min_norm
 
 # -- GradVac ------------------------------------------------------------------------------------------
 
@@ -226,3 +232,49 @@ def test_solve_checked_without_cvxpy_names_the_method(monkeypatch: pytest.Monkey
     with pytest.raises(SolverError) as error:
         solve_checked(problem, "CLARABEL", "nashmtl")
     assert str(error.value) == "nashmtl needs cvxpy: pip install cvxpy (it brings the Clarabel solver)"
+
+
+# -- CAGrad, MGDA's Frank-Wolfe and the stationarity margin --------------------------------------------
+
+
+def test_cagrad_with_a_zero_mean_gradient_of_three_tasks_is_the_mean_weighting_with_no_gap() -> None:
+    """g_1 + g_2 + g_3 = (1, 2) + (3, -1) + (-4, -1) = 0: g_0 = 0, so d = g_0 (weights 1/3) without a solve,
+    whose gap is exactly 0 (a dual solve would certify only a rounding-sized gap)."""
+    g = np.array([[1.0, 2.0], [3.0, -1.0], [-4.0, -1.0]])
+    assert not g.sum(axis=0).any()
+    weights, gap = cagrad_weights(g @ g.T, 0.4, 1e-6)
+    assert weights.tolist() == [1.0 / 3.0] * 3
+    assert gap == 0.0
+
+
+@pytest.mark.parametrize("tol", [0.5, 0.01])
+def test_mgda_frank_wolfe_stops_at_the_first_step_that_moves_the_weights_less_than_tol(tol: float) -> None:
+    """The iterates w_n come from runs with tol = 0 (never stops early) and max_iter = n; the run with ``tol``
+    returns w_N for the first N with ‖w_N − w_(N−1)‖₁ < tol."""
+    grads = jacobian(3, 4, 6)
+    gramian = grads @ grads.T
+    iterates = [min_norm_weights_frank_wolfe(gramian, n, 0.0).numpy() for n in range(40)]
+    expected = next(n for n in range(1, 40) if np.abs(iterates[n] - iterates[n - 1]).sum() < tol)
+    assert 1 < expected < 30
+    method = methods.build("mgda", 4, solver="frank-wolfe", tol=tol)
+    method.combine(grads, torch.ones(4, dtype=torch.float64))
+    np.testing.assert_allclose(method.last_weights.numpy(), iterates[expected], rtol=0, atol=1e-15)
+
+
+def test_mgda_frank_wolfe_of_two_identical_gradients_stays_on_the_simplex() -> None:
+    """g_1 = g_2: every γ in [0, 1] is a min-norm pair weight (zero denominator); the solver takes γ = 1/2 and
+    the weights stay a convex combination whose direction is g itself."""
+    assert two_task_min_norm(6.0, 6.0, 6.0) == 0.5
+    grads = torch.tensor([[1.0, 2.0, -1.0], [1.0, 2.0, -1.0]], dtype=torch.float64)
+    method = methods.build("mgda", 2, solver="frank-wolfe")
+    d = method.combine(grads, torch.ones(2, dtype=torch.float64))
+    w = method.last_weights.numpy()
+    assert np.all(w >= 0) and w.sum() == pytest.approx(1.0, abs=1e-12)
+    np.testing.assert_allclose(d.numpy(), [1.0, 2.0, -1.0], rtol=1e-12)
+
+
+def test_stationarity_margin_with_a_diagonal_rounding_below_zero_is_zero_without_warnings() -> None:
+    """A zero gradient whose Gramian diagonal rounds to -1e-20 (within the PSD tolerance) has norm 0, not NaN."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert stationarity_margin(np.array([[1.0, 0.0], [0.0, -1e-20]])) == 0.0
