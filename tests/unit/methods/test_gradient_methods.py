@@ -150,6 +150,24 @@ def test_graddrop_matches_torchjd_with_the_same_thresholds(seed: int, k: int, p:
     torch.testing.assert_close(graddrop_direction(grads, uniform, leak), expected)
 
 
+def test_graddrop_drops_both_signs_where_the_purity_equals_the_threshold() -> None:
+    # P = ½(1 + Σg/Σ|g|): ½ for (1, -1), ¾ for (3, -1); the paper keeps + where P > U, − where P < U, so at
+    # P = U (a float32 draw ties with probability ~2⁻²⁴ per coordinate) neither sign passes
+    grads = torch.tensor([[1.0, 3.0, 3.0], [-1.0, -1.0, -1.0]], dtype=torch.float64)
+    uniform = torch.tensor([0.5, 0.75, 0.5], dtype=torch.float64)
+    torch.testing.assert_close(sign_purity(grads), torch.tensor([0.5, 0.75, 0.75], dtype=torch.float64))
+    out = graddrop_direction(grads, uniform)
+    assert out.tolist() == [0.0, 0.0, 3.0]     # ties: nothing; P = ¾ > U = ½: the + sign only
+
+
+def test_graddrop_leak_mixes_in_the_dropped_gradients_in_their_dtype() -> None:
+    grads = torch.tensor([[0.7, -1.3], [-0.2, 0.9]], dtype=torch.float64)
+    uniform = torch.tensor([0.1, 0.9], dtype=torch.float64)   # P = (0.5 + 0.5·0.5/0.9, 0.5 − 0.5·0.4/2.2)
+    # coordinate 0: P > U keeps the + entry; coordinate 1: P < U keeps the − entry; the rest leaks in at 0.3
+    expected = torch.tensor([0.7 + 0.3 * -0.2, -1.3 + 0.3 * 0.9], dtype=torch.float64)
+    torch.testing.assert_close(graddrop_direction(grads, uniform, leak=0.3), expected, rtol=1e-15, atol=0)
+
+
 def test_graddrop_generator_roundtrip() -> None:
     grads = jacobian(0, 3, 50)
     gd = methods.build("graddrop", 3, 5)
@@ -206,6 +224,38 @@ def test_moco_authors_code_variants_first_step() -> None:
     lam = torch.softmax(start - 0.1 * (y @ y.T) @ start, dim=0)     # γ_1 = 0.1, ρ = 0
     torch.testing.assert_close(method.last_weights, lam)
     torch.testing.assert_close(d, lam @ y)
+
+
+def test_moco_normalizes_small_gradients_by_their_norm_plus_1e_8() -> None:
+    # the authors' h_i = g_i / (‖g_i‖ + 1e-8) · L_i: a gradient of norm 2e-8 becomes 2/3 of a unit one
+    grads = torch.tensor([[2e-8, 0.0], [0.0, 3.0]], dtype=torch.float64)
+    losses = torch.tensor([1.5, 2.0], dtype=torch.float64)
+    method = methods.build("moco", 2, lambda_update="softmax", normalize_grads=True, step_scale="none")
+    method.combine(grads, losses)
+    h = torch.tensor([[2 / 3 * 1.5, 0.0], [0.0, 3 / (3 + 1e-8) * 2.0]], dtype=torch.float64)
+    torch.testing.assert_close(method.tracked, 0.5 * h, rtol=1e-12, atol=0)   # β_1 = ½ from y = 0
+
+
+def test_moco_weight_step_with_rho_is_the_float64_formula() -> None:
+    j = jacobian(64, 2, 4)
+    method = methods.build("moco", 2, rho=0.1)
+    d = method.combine(j, torch.ones(2, dtype=torch.float64))
+    y = 0.5 * j                                           # β_1 = ½ from y = 0
+    gram = y @ y.T + 0.1 * torch.eye(2, dtype=torch.float64)
+    gamma = 0.1 / (float(torch.trace(gram)) / 2)          # γ_1 / (trace(YYᵀ + ρI) / K)
+    moved = torch.full((2,), 0.5, dtype=torch.float64) - gamma * gram @ torch.full((2,), 0.5, dtype=torch.float64)
+    lam = moved + (1 - moved.sum()) / 2                   # the projection onto Δ while both stay positive
+    assert bool((lam > 0).all())
+    torch.testing.assert_close(method.last_weights, lam, rtol=1e-12, atol=0)
+    torch.testing.assert_close(d, lam @ y, rtol=1e-12, atol=0)
+
+
+def test_moco_keeps_its_weights_on_an_all_zero_jacobian_with_the_trace_step() -> None:
+    # trace(YYᵀ) = 0: no gradient information and no scale to divide γ by, λ stays where it is
+    method = methods.build("moco", 2, step_scale="trace", rho=0.0)
+    d = method.combine(torch.zeros(2, 3, dtype=torch.float64), torch.ones(2, dtype=torch.float64))
+    assert method.last_weights.tolist() == [0.5, 0.5]
+    assert d.tolist() == [0.0, 0.0, 0.0]
 
 
 def test_moco_refuses_non_finite_gradients_in_one_line() -> None:
@@ -322,6 +372,26 @@ def test_excessmtl_baseline_is_the_first_estimate_that_is_positive_for_every_tas
 
 
 # -- the family contract -----------------------------------------------------------------------------
+
+
+# -- IMTL -------------------------------------------------------------------------------------------
+
+def test_imtl_refuses_non_finite_gradients_in_one_line_naming_itself() -> None:
+    grads = torch.tensor([[1.0, float("nan")], [0.5, 2.0]], dtype=torch.float64)
+    with pytest.raises(NonFiniteValueError) as error:
+        methods.build("imtl", 2).combine(grads, torch.ones(2, dtype=torch.float64))
+    assert str(error.value) == ("imtl: the task-gradient Gramian contains NaN or Inf; check the losses and "
+                                "lower --lr")
+
+
+def test_imtl_scale_gradient_on_float64_losses_is_the_float64_formula() -> None:
+    imtl = methods.build("imtl", 2)
+    with torch.no_grad():
+        imtl.log_scales.copy_(torch.tensor([0.3, -0.2]))
+    losses = torch.tensor([1.7, 0.45], dtype=torch.float64)
+    s = imtl.log_scales.detach().double()                 # the float32 parameter's exact value
+    # ∂/∂s Σ (e^{s} L − s) = e^{s} L − 1, in float64 like the losses (float32 e^{s} is ~6e-8 off)
+    torch.testing.assert_close(imtl.scale_gradient(losses), torch.exp(s) * losses - 1.0, rtol=1e-14, atol=0)
 
 
 class TestDBMTL(GradientContract):

@@ -1132,3 +1132,20 @@ def test_mgdaub_normalisers_are_those_of_sener_and_koltun() -> None:
         methods.build("mgdaub", 2, normalization="l2").weights_from_gramian(zero_task @ zero_task.T, losses)
     assert str(error.value) == ("mgdaub: normalization 'l2' needs positive losses and non-zero gradients; use "
                                 "normalization=none")
+
+
+def test_upgrad_without_quadprog_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    hide_module(monkeypatch, "quadprog")
+    with pytest.raises(SolverError) as error:
+        direction("upgrad", jacobian(70, 2, 3), solver="quadprog")
+    assert str(error.value) == "upgrad needs quadprog: pip install 'torchjd[quadprog-projector]' (or quadprog)"
+
+
+def test_upgrad_refuses_a_singular_gramian_without_ridge_naming_the_remedies() -> None:
+    # a duplicated task makes G singular; with reg_eps = 0 quadprog rejects it as not positive definite
+    j = jacobian(71, 3, 5)
+    j[2] = j[0]
+    with pytest.raises(SolverError) as error:
+        direction("upgrad", j, solver="quadprog", reg_eps=0.0)
+    assert str(error.value) == ("upgrad: the dual-cone QP failed (matrix G is not positive definite); increase "
+                                "--hp reg_eps or use --hp solver=nnls")

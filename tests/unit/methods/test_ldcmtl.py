@@ -3,6 +3,7 @@ model and the router (Alg. 1), the double loop (Alg. 2), Table 5 defaults, train
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 from pathlib import Path
@@ -11,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from method_helpers import small_model
 
 from mtlflow import benchmarks, jobs, methods
 from mtlflow.config.run import RunConfig
@@ -652,3 +654,71 @@ def test_the_double_loop_refuses_a_step_without_the_trainers_batch_and_a_diverge
     with pytest.raises(NonFiniteLossError) as error:
         trainer.train_step(batch, epoch=1)
     assert str(error.value) == "ldcmtl: the inner loop diverged at step 0; lower --hp inner_lr"
+
+
+def test_without_normalization_a_loss_at_its_lower_bound_enters_the_objective_as_it_is() -> None:
+    # an unlabelled batch gives a segmentation loss of 0: normalization=none needs no positive loss
+    logits, lam = [0.3, -0.2], 0.07
+    losses = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    method = vector_method(logits, penalty=lam)
+    method.before_backward(context(losses))
+    sigma = np.exp(logits) / np.exp(logits).sum()
+    expected = abs(sigma[0] * 1.0 - sigma[1] * 0.0) + lam * sigma[0] * 1.0   # f + λ g
+    assert float(method.objective(losses).detach()) == pytest.approx(expected, rel=1e-6)
+
+
+def test_log_normalization_refuses_a_loss_at_its_lower_bound() -> None:
+    # log(0 / l_0) would be -inf (and 0 / 0 as the reference NaN): a loss equal to its bound is refused
+    method = vector_method([0.0, 0.0], normalization="log")
+    with pytest.raises(InvalidParameterError) as error:
+        method.before_backward(context(torch.tensor([1.0, 0.0], dtype=torch.float64)))
+    assert str(error.value) == ("ldcmtl: normalization=log needs losses above their lower bounds, got [1.0, 0.0] "
+                                "with min_losses [0.0, 0.0]; set --hp min_losses=[...] or normalization=none")
+
+
+def test_the_router_weights_are_given_in_the_losses_dtype() -> None:
+    # the toy runner: a float32 vector router, float64 losses; σ is logged and returned in float64
+    method = vector_method([0.3, -0.2, 0.5])
+    losses = torch.tensor([2.0, 0.4, 1.1], dtype=torch.float64)
+    method.before_backward(context(losses))
+    method.objective(losses)
+    expected = torch.softmax(torch.tensor([0.3, -0.2, 0.5]), dim=0).double()   # σ of the float32 logits
+    torch.testing.assert_close(method.last_weights, expected)
+    torch.testing.assert_close(method.weights(losses), expected)
+
+
+def test_the_double_loop_steps_the_used_parameters_and_keeps_one_no_loss_reaches() -> None:
+    """Alg. 2's z_N on a model with a trainable parameter outside every task's graph: it gets no inner gradient
+    and stays; the others take N SGD steps on g, as torch's SGD on a copy of the model does."""
+    model = small_model(2)
+    model.spare = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))   # trainable, used by no loss
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 3, generator=gen, dtype=torch.float64)
+    targets = [torch.randn(8, generator=gen, dtype=torch.float64) for _ in range(2)]
+
+    def mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return ((pred.squeeze(-1) - target) ** 2).mean()
+
+    trainer = SimpleNamespace(model=model, bench=SimpleNamespace(unpack=lambda batch: batch), device="cpu",
+                              tasks=[SimpleNamespace(loss=mse)] * 2, task_index=[0, 1],
+                              config=SimpleNamespace(seed=0, lr=1e-3, optimizer="adam"))
+    method = methods.build("ldcmtl", 2, router="vector", loop="double", inner_steps=3, inner_lr=0.05)
+    method.setup(trainer)
+
+    def losses_of(m: torch.nn.Module) -> torch.Tensor:
+        return torch.stack([mse(p, t) for p, t in zip(m(x), targets)])
+
+    with torch.no_grad():
+        start = losses_of(model)
+    method.before_backward(StepContext(step=0, epoch=1, losses=start, recompute_losses=lambda: start,
+                                       extra={"batch": (x, targets)}))
+    clone = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(clone.parameters(), lr=0.05)
+    for _ in range(3):
+        optimizer.zero_grad()
+        penalty(losses_of(clone), torch.full((2,), 0.5, dtype=torch.float64)).backward()   # σ = softmax(0)
+        optimizer.step()
+    with torch.no_grad():
+        expected = losses_of(clone)
+    torch.testing.assert_close(method._inner_losses, expected, rtol=1e-12, atol=0)
+    assert clone.spare.grad is None and torch.equal(model.spare, clone.spare)
