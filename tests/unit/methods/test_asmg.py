@@ -4,6 +4,7 @@ its plot and table."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -210,8 +211,10 @@ def test_tell_refuses_a_call_without_ask_and_a_non_finite_value_in_one_line() ->
 
 def test_raw_update_overshoot_is_an_error_without_the_guard() -> None:
     config = ASMGConfig(beta=0.1, n_samples=10, update="raw", min_precision_ratio=0.0)
-    with pytest.raises(NonFiniteLossError, match="non-positive"):
+    with pytest.raises(NonFiniteLossError) as error:
         minimize(mixed_ellipsoid_rastrigin, start_point(100, 0), 3, config)
+    assert str(error.value) == ("asmg: the covariance update made Σ⁻¹ non-positive at iteration 0; lower beta, use "
+                                "update=normalized or set min_precision_ratio > 0")
 
 
 def test_state_dict_continues_exactly() -> None:
@@ -419,3 +422,69 @@ def test_init_from_reads_a_run_model_or_a_bare_state_dict_and_names_a_missing_fi
     with pytest.raises(DataError) as error:
         method._load_weights(nn.Linear(2, 2), missing, torch.device("cpu"))
     assert str(error.value) == f"asmg: init_from file not found: {missing}; give a run's model.pt"
+
+
+def test_the_search_state_is_float64_from_a_float32_start() -> None:
+    """The trainer hands ASMG float32 parameters: μ and Σ⁻¹ are float64 from the start, so Σ_0 is sigma0
+    itself, not its float32 rounding (0.2f = 0.20000000298...)."""
+    search = ASMG(torch.zeros(3), 2, ASMGConfig(sigma0=0.2))
+    assert search.mean.dtype == search.precision.dtype == torch.float64
+    assert torch.equal(search.sigma, torch.full((3,), 0.2, dtype=torch.float64))
+
+
+def test_equal_weighting_is_one_over_m_in_float64() -> None:
+    """ASMG-EW's λ̃ = 1/m: for m = 3 it is 1/3 to double precision (float32 would give 0.33333334)."""
+    search = ASMG(torch.zeros(2, dtype=torch.float64), 3, ASMGConfig(n_samples=4, weighting="equal"))
+    search.ask()
+    step = search.tell(torch.arange(12, dtype=torch.float64).reshape(4, 3), torch.zeros(3, dtype=torch.float64))
+    third = torch.full((3,), 1.0 / 3.0, dtype=torch.float64)
+    assert torch.equal(step.lam_solved, third) and torch.equal(step.lam, third)
+
+
+def _one_raw_step(floor: float, delta: list[float]) -> tuple[ASMG, Any]:
+    """One raw step with m = 1, β = ½, σ_0 = 1 and the noise set to z = (2, 0) in d = 1: ĥ = ((2² − 1) ΔF_1 +
+    (0² − 1) ΔF_2) / 4, so ΔF = (0, 2d) gives ĥ = −d/2 and the precision ratio 1 + 2β ĥ = 1 − d/2, exactly."""
+    search = ASMG(torch.zeros(1, dtype=torch.float64), 1,
+                  ASMGConfig(beta=0.5, n_samples=2, update="raw", weighting="equal", min_precision_ratio=floor))
+    search.ask()
+    search._noise = torch.tensor([[2.0], [0.0]], dtype=torch.float64)
+    return search, search.tell(torch.tensor(delta, dtype=torch.float64).reshape(2, 1), torch.zeros(1))
+
+
+def test_a_precision_ratio_at_the_floor_is_kept_and_one_of_zero_is_an_error_without_it() -> None:
+    """The floor acts below it: a ratio of exactly 0.5 with floor 0.5 is applied, not counted as clipped. With
+    the floor off, a ratio of exactly 0 would make Σ⁻¹ = 0 (an infinite variance): refused, not applied."""
+    search, step = _one_raw_step(0.5, [0.0, 2.0])                  # ratio 1 − 1/2
+    assert step.extra == {"clipped": 0} and search.clipped == 0
+    assert torch.equal(search.precision, torch.tensor([0.5], dtype=torch.float64))
+    with pytest.raises(NonFiniteLossError) as error:
+        _one_raw_step(0.0, [0.0, 4.0])                             # ratio 1 − 2/2 = 0
+    assert str(error.value) == ("asmg: the covariance update made Σ⁻¹ non-positive at iteration 0; lower beta, use "
+                                "update=normalized or set min_precision_ratio > 0")
+
+
+def test_a_frozen_trunk_runs_once_per_step_so_its_batch_norm_counts_one_batch(
+        multimnist_small: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With params=heads the shared features are computed once and only the heads see the N + 1 points: a
+    BatchNorm in the trunk updates its running statistics once, as one training-mode pass on the batch (a
+    twin), not N + 1 times."""
+    bench, data = jobs.load_prepared(multimnist_small)
+    make_model = bench.make_model
+
+    def with_batch_norm(names=None):
+        model = make_model(names)
+        model.trunk = nn.Sequential(model.trunk, nn.BatchNorm1d(model.trunk.out_features))
+        return model
+
+    monkeypatch.setattr(bench, "make_model", with_batch_norm)
+    config = RunConfig(method="asmg", epochs=1, batch_size=8, hparams={"params": "heads", "n_samples": 3})
+    trainer = Trainer(bench, data, config, tmp_path / "run", progress=False)
+    batch = next(iter(trainer._loader(1)))
+    twin = copy.deepcopy(trainer.model.trunk).train()
+    with torch.no_grad():
+        twin(bench.unpack(batch)[0])
+    trainer.train_step(batch, 1)
+    buffers = dict(trainer.model.trunk.named_buffers())
+    assert int(buffers["1.num_batches_tracked"]) == 1
+    for name, expected in twin.named_buffers():
+        torch.testing.assert_close(buffers[name], expected, rtol=1e-6, atol=1e-7, msg=name)

@@ -23,6 +23,7 @@ from mtlflow.core.callbacks import Callback
 from mtlflow.core.errors import InvalidParameterError, NonFiniteLossError, NonFiniteValueError, SolverError
 from mtlflow.engine.trainer import Trainer
 from mtlflow.methods._moblo import (
+    FunctionalModel,
     BilevelState,
     SampleWeights,
     SplitSampler,
@@ -203,14 +204,10 @@ def test_split_sampler_hands_out_each_permutation_whole_before_drawing_the_next(
         assert sorted(sum(batches, [])) == list(range(size)), batches
 
 
-def test_moblo_hyperparameters_and_upper_level_are_checked(multimnist_small: Path, tmp_path: Path) -> None:
-    with pytest.raises(InvalidParameterError, match="upper_solver"):
-        methods.build("moml", 2, upper_solver="ls")
+def test_moblo_hyperparameters_and_upper_level_are_checked() -> None:
+    # the upper_solver and sample-weights refusals are matched word for word further below
     with pytest.raises(InvalidParameterError, match="inner_steps"):
         methods.build("forum", 2, inner_steps=0)
-    with pytest.raises(InvalidParameterError, match="sample-weights needs a benchmark"):
-        jobs.train(multimnist_small, tmp_path / "run", method="forum", hparams={"upper": "sample-weights"},
-                   epochs=1, batch_size=32, max_steps_per_epoch=1, progress=False)
 
 
 @pytest.mark.parametrize("name", ["moml", "forum"])
@@ -648,7 +645,7 @@ def _stationary_gram(scale: float, q_norm2: float) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("scale,q_norm2,stationary", [(1e6, 1e-7, True), (1e6, 1e-5, False), (1e-3, 1e-4, False),
-                                                     (0.0, 0.0, True)])
+                                                     (0.0, 0.0, True), (1.0, 1e-12, True)])   # "at": the boundary
 def test_forum_takes_a_constraint_within_1e_12_of_the_largest_squared_norm_as_stationary(
         scale: float, q_norm2: float, stationary: bool) -> None:
     """‖∇q̃‖² at or below 1e-12 x the largest squared gradient norm counts as 0: ν = 0, and the QP falls back to
@@ -688,3 +685,170 @@ def test_forum_qp_refuses_a_non_finite_gram_and_names_a_failed_solve_and_a_missi
     with pytest.raises(SolverError) as error:
         forum_qp(_stationary_gram(1.0, 1.0), 0.1)
     assert str(error.value) == "forum needs quadprog for its QP (Eq. 3.29): pip install quadprog"
+
+
+def test_moml_and_forum_refuse_a_bad_upper_solver_and_an_unfit_benchmark_word_for_word(multimnist_small: Path,
+                                                                                      tmp_path: Path) -> None:
+    """The two refusals a user meets first, each with its way out: a non-gradient upper solver, and
+    sample weights on a benchmark without per-sample losses."""
+    with pytest.raises(InvalidParameterError) as error:
+        methods.build("moml", 2, upper_solver="ls")
+    assert str(error.value) == ("moml: upper_solver='ls' is not a gradient method; use mgda, moco or another "
+                                "method that combines gradients")
+    with pytest.raises(InvalidParameterError) as error:
+        jobs.train(multimnist_small, tmp_path / "run", method="forum", hparams={"upper": "sample-weights"},
+                   epochs=1, batch_size=32, max_steps_per_epoch=1, progress=False)
+    assert str(error.value) == ("upper=sample-weights needs a benchmark with per-sample training losses and sample "
+                                "ids (e.g. hypercleaning); 'multimnist' has none, use upper=task-weights")
+
+
+@pytest.mark.parametrize("present", ["per_sample_losses", "sample_ids"])
+def test_sample_weights_refuse_a_benchmark_with_only_one_of_the_two_hooks(present: str) -> None:
+    """A plug-in benchmark needs both duck-typed hooks (losses per sample and the ids that index α); one
+    alone is refused like none, not with an AttributeError."""
+    bench = SimpleNamespace(name="plugin", **{present: lambda *args: None})
+    trainer = SimpleNamespace(bench=bench, task_index=[0, 1], data=SimpleNamespace(splits={"train": range(5)}),
+                              device=torch.device("cpu"))
+    with pytest.raises(InvalidParameterError) as error:
+        SampleWeights(trainer)
+    assert str(error.value) == ("upper=sample-weights needs a benchmark with per-sample training losses and sample "
+                                "ids (e.g. hypercleaning); 'plugin' has none, use upper=task-weights")
+
+
+def test_the_functional_model_passes_inputs_without_to_through_and_moves_the_targets() -> None:
+    """A plug-in benchmark's inputs may be a dict of tensors (no ``.to``; the trainer guards the same way):
+    they reach the model as they are, the targets are moved to the device."""
+    inputs = {"image": torch.ones(2, 3)}
+    targets = [torch.zeros(2), torch.ones(2)]
+    trainer = SimpleNamespace(model=torch.nn.Linear(3, 1), device=torch.device("cpu"),
+                              bench=SimpleNamespace(unpack=lambda batch: batch))
+    got_inputs, got_targets = FunctionalModel(trainer).inputs_targets((inputs, targets))
+    assert got_inputs is inputs
+    assert len(got_targets) == 2 and all(torch.equal(a, b) for a, b in zip(got_targets, targets))
+
+
+def test_moml_hands_its_upper_solver_the_validation_losses(multimnist_small: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loss-aware solvers (dbmtl's shifted losses) read the second argument of ``combine``: the K validation
+    losses F_i(ω_T). With an inner step of 1e-12, ω_T = ω, so they are the model's losses on the upper batch,
+    computed here on a twin of the model."""
+    torch.set_num_threads(1)
+    bench, data = jobs.load_prepared(multimnist_small)
+    trainer = _trainer(bench, data, tmp_path, "moml", {"inner_steps": 1, "inner_lr": 1e-12,
+                                                       "upper_solver": "dbmtl"})
+    state, solver = trainer.method.state, trainer.method.solver
+    seen_losses: list = []
+    upper_batches: list = []
+    combine, upper_batch = solver.combine, state.upper_batch
+    monkeypatch.setattr(solver, "combine", lambda grads, losses: seen_losses.append(losses) or combine(grads, losses))
+    monkeypatch.setattr(state, "upper_batch", lambda *args: upper_batches.append(upper_batch(*args)) or upper_batches[-1])
+    twin = copy.deepcopy(trainer.model).train()
+    trainer.train_step(next(iter(trainer._loader(1))), 1)
+    inputs, targets = bench.unpack(upper_batches[0])
+    with torch.no_grad():
+        expected = torch.stack([task.loss(pred, targets[idx])
+                                for task, pred, idx in zip(trainer.tasks, twin(inputs), trainer.task_index)])
+    assert len(seen_losses) == 1
+    torch.testing.assert_close(seen_losses[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_forum_steps_a_model_with_a_parameter_no_loss_uses_as_without_it(multimnist_small: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainable parameter no loss reads (an unused module; here the model's first parameter, so ∇_α f is
+    not confused with it) has no gradient anywhere: it gets a zero row, stays where it is, and α, ∇_α q̃ and
+    every other weight move as in the run of the same model without it."""
+    torch.set_num_threads(1)
+    bench, data = jobs.load_prepared(multimnist_small)
+    hparams = {"inner_steps": 2, "rho": 10.0}     # ρ = 10: ν > 0, so ∇q̃ (and ∇_α q̃) moves the weights
+    plain = _trainer(bench, data, tmp_path / "plain", "forum", hparams)
+    make_model = bench.make_model
+
+    def with_unused(names=None):
+        model = make_model(names)
+        model.register_parameter("unused", torch.nn.Parameter(torch.full((3,), 2.0)))
+        return model
+
+    with monkeypatch.context() as patch:
+        patch.setattr(bench, "make_model", with_unused)
+        extra = _trainer(bench, data, tmp_path / "extra", "forum", hparams)
+    assert next(iter(extra.model.named_parameters()))[0] == "unused"
+    extra.model.load_state_dict({**plain.model.state_dict(), "unused": extra.model.unused.detach()})
+    q_alphas = _spy_on_forum_gram(monkeypatch, "q_alpha")
+    batch = next(iter(plain._loader(1)))
+    plain.train_step(batch, 1)
+    extra.train_step(batch, 1)
+    assert torch.equal(extra.model.unused.detach(), torch.full((3,), 2.0))
+    torch.testing.assert_close(q_alphas[1], q_alphas[0], rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(extra.method.state.upper.variable, plain.method.state.upper.variable,
+                               rtol=1e-6, atol=1e-9)
+    for key, value in plain.model.state_dict().items():
+        torch.testing.assert_close(extra.model.state_dict()[key], value, rtol=1e-5, atol=1e-7, msg=key)
+
+
+def test_forum_normalize_upper_grads_adds_1e_8_to_a_tiny_norm(multimnist_small: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The authors' normalisation is ∇_ω F_i / (‖∇_ω F_i‖ + 1e-8): a guard that matters once the norm is near
+    1e-8. Every loss scaled by 2e-7 puts both norms near 1e-7, where the rows reach the QP ~9 % shorter than
+    unit length, against the raw rows of a twin run with the option off."""
+    seen = _spy_on_forum_gram(monkeypatch, "upper_grads")
+    torch.set_num_threads(1)
+    bench, data = jobs.load_prepared(multimnist_small)
+    for normalize in (False, True):
+        trainer = _trainer(bench, data, tmp_path / str(normalize), "forum",
+                           {"inner_steps": 1, "normalize_upper_grads": normalize})
+        model = trainer.method.state.model
+        losses = model.task_losses
+        monkeypatch.setattr(model, "task_losses", lambda preds, targets, losses=losses: 2e-7 * losses(preds, targets))
+        trainer.train_step(next(iter(trainer._loader(1))), 1)
+    raw, normalized = seen
+    norms = raw.norm(dim=1, keepdim=True)
+    assert bool(((norms > 2e-8) & (norms < 5e-7)).all()), norms            # the 1e-8 is not negligible here
+    torch.testing.assert_close(normalized, raw / (norms + 1e-8), rtol=1e-4, atol=0.0)
+
+
+def test_forum_keeps_the_step_statistics_of_batch_norm_to_the_steps_own_batch(multimnist_small: Path, tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inner steps and the validation pass run on copies of the buffers: after one FORUM step a BatchNorm
+    layer's running statistics are those of one training-mode forward pass on the step's batch (a twin)."""
+    torch.set_num_threads(1)
+    bench, data = jobs.load_prepared(multimnist_small)
+    make_model = bench.make_model
+
+    def with_batch_norm(names=None):
+        model = make_model(names)
+        model.trunk = torch.nn.Sequential(model.trunk, torch.nn.BatchNorm1d(model.trunk.out_features))
+        return model
+
+    monkeypatch.setattr(bench, "make_model", with_batch_norm)
+    trainer = _trainer(bench, data, tmp_path, "forum", {"inner_steps": 2})
+    batch = next(iter(trainer._loader(1)))
+    twin = copy.deepcopy(trainer.model).train()
+    with torch.no_grad():
+        twin(bench.unpack(batch)[0])
+    trainer.train_step(batch, 1)
+    buffers = dict(trainer.model.named_buffers())
+    assert int(buffers["trunk.1.num_batches_tracked"]) == 1
+    for name, expected in twin.named_buffers():
+        torch.testing.assert_close(buffers[name], expected, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_forum_qp_holds_the_weights_to_sum_one_when_the_constraint_gradient_opposes_the_tasks() -> None:
+    """Σλ = 1 is an equality of Eq. 3.29: with ∇F = e1, e2 and ∇q̃ = (−1, −0.5, 0.1) pointing against them, a
+    larger Σλ would pay, so a solver with Σλ ≥ 1 scales λ past 1. Against brute force over λ_1 on a grid,
+    with γ at its closed-form optimum max(πᵀλ, (ϕ − ⟨∇q̃, Σλ_i∇F_i⟩)/‖∇q̃‖², 0) for each λ."""
+    vectors = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [-1.0, -0.5, 0.1]], dtype=torch.float64)
+    gram, rho = vectors @ vectors.T, 0.1
+    solution = forum_qp(gram, rho)
+    q = vectors[2]
+    q_norm2 = float(q @ q)
+    phi = 0.5 * rho * q_norm2
+    pi = (2 * phi - vectors[:2] @ q) / q_norm2
+    grid = torch.linspace(0.0, 1.0, 100001, dtype=torch.float64)
+    lams = torch.stack([grid, 1.0 - grid], dim=1)                          # [n, 2]
+    combined = lams @ vectors[:2]                                           # [n, 3]
+    gammas = torch.stack([lams @ pi, (phi - combined @ q) / q_norm2, torch.zeros_like(grid)]).amax(0)
+    values = 0.5 * (combined + gammas[:, None] * q).pow(2).sum(1) - gammas * phi
+    best = int(values.argmin())
+    assert float(solution.lam[0]) == pytest.approx(float(grid[best]), abs=1e-4)
+    assert solution.gamma == pytest.approx(float(gammas[best]), abs=1e-4)
+    assert float(solution.lam.sum()) == pytest.approx(1.0, abs=1e-15)
