@@ -19,8 +19,10 @@ for one sitting gets an unbiased estimate of its % killed with a 95 % interval b
 ``--retest NAME,...`` retests the named mutants whatever their verdict (after writing the tests meant to kill
 them, without retesting a whole folder's survivors). ``report`` writes
 ``mutants/mutation-report.md`` (killed / survived / ... and % killed for each folder) and
-``mutants/mutation-survivors.txt`` (the diff of every mutant no test killed), prints the table and
-exits 1 when a folder is below the target or mutants are still unchecked.
+``mutants/mutation-survivors.txt`` (the diff of every mutant no test killed) and
+``docs/development/mutation-survivors.md`` (each survivor's change with the reason it is left, from
+``docs/development/mutation-reasons.json``), prints the table and exits 1 when a folder is below the target,
+mutants are still unchecked or a survivor has no written reason.
 
 The verdicts outlive ``mutants/``: ``run`` ends by saving them (and ``save`` does on its own) into
 ``docs/development/mutation-results.json`` (per source file, its functions' hashes and the exit code of
@@ -46,6 +48,10 @@ TARGET_PERCENT = 85.0
 PACKAGE = Path("src/mtlflow")
 #: the saved verdicts, committed with the code they judged
 SAVED_RESULTS = Path("docs/development/mutation-results.json")
+#: why each surviving mutant is equivalent or accepted (mutant name -> one line), written by whoever read it
+SURVIVOR_REASONS = Path("docs/development/mutation-reasons.json")
+#: the survivors with their change and that reason, written by ``report``
+SURVIVOR_PAGE = Path("docs/development/mutation-survivors.md")
 # The folders the target applies to, each with the source files it covers.
 FOLDERS = {
     "methods": PACKAGE / "methods",
@@ -110,24 +116,56 @@ def summarise(results: dict[str, dict[str, tuple[Path, int | None]]]) -> tuple[s
     return "\n".join(lines), problems
 
 
-def write_survivors(results: dict[str, dict[str, tuple[Path, int | None]]], out: Path) -> int:
+def write_survivors(results: dict[str, dict[str, tuple[Path, int | None]]], out: Path) -> dict[str, list[tuple[str, str]]]:
+    """Write the diff of every undetected mutant into ``out``; returns {folder: [(name, diff)]}."""
     from mutmut.mutation.diff_apply import get_diff_for_mutant
     from mutmut.stats import status_by_exit_code
 
-    count = 0
+    survivors: dict[str, list[tuple[str, str]]] = {}
     with out.open("w") as f:
         for folder, mutants in results.items():
+            survivors[folder] = []
             for mutant, (source, code) in sorted(mutants.items()):
                 status = status_by_exit_code[code]
                 if status not in UNDETECTED:
                     continue
-                count += 1
-                f.write(f"## {folder} :: {mutant} ({status})\n")
                 try:
-                    f.write(get_diff_for_mutant(mutant, path=source) + "\n\n")
+                    diff = get_diff_for_mutant(mutant, path=source)
                 except Exception as error:  # a diff that cannot be rebuilt must not hide the others
-                    f.write(f"(diff unavailable: {error})\n\n")
-    return count
+                    diff = f"(diff unavailable: {error})"
+                survivors[folder].append((mutant, diff))
+                f.write(f"## {folder} :: {mutant} ({status})\n{diff}\n\n")
+    return survivors
+
+
+def changed_lines(diff: str) -> list[str]:
+    """The removed and added lines of a unified diff (without its file headers)."""
+    return [line for line in diff.splitlines()
+            if line[:1] in "-+" and not line.startswith(("---", "+++"))]
+
+
+def write_survivor_page(survivors: dict[str, list[tuple[str, str]]], reasons: dict[str, str], out: Path) -> list[str]:
+    """The Markdown page of every survivor (per folder: its change and why it is left); returns the survivors
+    that have no reason in ``reasons``."""
+    missing = []
+    lines = ["# Surviving mutants", "",
+             f"Written by `tools/mutation.py report` from the verdicts in `{SAVED_RESULTS.name}` and the reasons in "
+             f"`{SURVIVOR_REASONS.name}`: every mutant no test detects, the lines it changes, and why it is "
+             "equivalent (no input tells it apart) or accepted. The classes are described in "
+             "[Mutation testing](mutation-testing.md).", ""]
+    for folder, entries in survivors.items():
+        lines += [f"## {folder} ({len(entries)})", ""]
+        for name, diff in entries:
+            reason = reasons.get(name)
+            if reason is None:
+                missing.append(name)
+                reason = "**not read yet**"
+            lines += [f"- `{name}`: {reason}", "", "    ```diff"]
+            lines += ["    " + line for line in changed_lines(diff)] + ["    ```", ""]
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text("\n".join(lines))
+    tmp.replace(out)
+    return missing
 
 
 def report(mutants_dir: Path) -> int:
@@ -142,8 +180,14 @@ def report(mutants_dir: Path) -> int:
         "% killed = (killed + timeout + segfault) / (those + survived + no tests + suspicious)).\n\n"
         + table + "\n")
     survivors = write_survivors(results, mutants_dir / "mutation-survivors.txt")
+    reasons = json.loads(SURVIVOR_REASONS.read_text()) if SURVIVOR_REASONS.is_file() else {}
+    missing = write_survivor_page(survivors, reasons, SURVIVOR_PAGE)
     print(table)
-    print(f"{survivors} undetected mutants listed in {mutants_dir / 'mutation-survivors.txt'}")
+    print(f"{sum(map(len, survivors.values()))} undetected mutants listed in {mutants_dir / 'mutation-survivors.txt'} "
+          f"and {SURVIVOR_PAGE}")
+    if missing:
+        problems.append(f"{len(missing)} survivors without a reason in {SURVIVOR_REASONS} (read them, then add "
+                        f"one line each), e.g. {missing[0]}")
     for problem in problems:
         print(problem, file=sys.stderr)
     return 1 if problems else 0

@@ -127,3 +127,21 @@ def test_retest_refuses_what_is_not_a_mutant_name_in_one_line(monkeypatch, capsy
     assert tool.main(["run", "--retest", "mtlflow.pareto.front.x_dominates__mutmut_3,x_dominates"]) == 2
     assert capsys.readouterr().err == ("error: --retest takes mutant names such as "
                                        "mtlflow.pareto.front.x_dominates__mutmut_3, got x_dominates\n")
+
+
+def test_the_survivor_page_shows_each_change_with_its_reason_and_names_the_unread(tmp_path: Path) -> None:
+    tool = load_tool()
+    diff = ("--- src/mtlflow/pareto/front.py\n+++ src/mtlflow/pareto/front.py\n@@ -1,2 +1,2 @@\n"
+            " def dominates(a, b):\n-    return a <= b\n+    return a < b\n")
+    survivors = {"pareto": [("mtlflow.pareto.front.x_dominates__mutmut_1", diff),
+                            ("mtlflow.pareto.front.x_dominates__mutmut_2", diff)], "scoring": []}
+    page = tmp_path / "survivors.md"
+    missing = tool.write_survivor_page(survivors, {"mtlflow.pareto.front.x_dominates__mutmut_1": "equal rows never reach it"},
+                                       page)
+    assert missing == ["mtlflow.pareto.front.x_dominates__mutmut_2"]
+    text = page.read_text()
+    assert "## pareto (2)" in text and "## scoring (0)" in text
+    assert "- `mtlflow.pareto.front.x_dominates__mutmut_1`: equal rows never reach it\n\n    ```diff\n" \
+           "    -    return a <= b\n    +    return a < b\n    ```" in text
+    assert "- `mtlflow.pareto.front.x_dominates__mutmut_2`: **not read yet**" in text
+    assert "+++" not in text and not list(tmp_path.glob("*.tmp"))
