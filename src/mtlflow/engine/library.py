@@ -103,6 +103,10 @@ class _SetupModel:
                                         "as one module: shared_params=model.trunk")
         return self._trunk
 
+    def shared_parameters(self) -> list[Tensor]:
+        """The shared module's trainable parameters (in library mode every one of them is shared)."""
+        return [p for p in self.trunk.parameters() if p.requires_grad]
+
     def task_parameters(self, task: int) -> list[Tensor]:
         return self.heads[task]
 
