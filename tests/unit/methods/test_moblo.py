@@ -397,18 +397,31 @@ def _spy_on_forum_gram(monkeypatch: pytest.MonkeyPatch, argument: str) -> list[t
     return seen
 
 
+def _upper_grads_raw_and_normalized(data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    loss_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The validation gradients FORUM's QP gets on its first step, with ``normalize_upper_grads`` off and on
+    (twin runs), every task loss multiplied by ``loss_scale``."""
+    seen = _spy_on_forum_gram(monkeypatch, "upper_grads")
+    torch.set_num_threads(1)
+    bench, data = jobs.load_prepared(data_dir)
+    for normalize in (False, True):
+        trainer = _trainer(bench, data, tmp_path / str(normalize), "forum",
+                           {"inner_steps": 1, "normalize_upper_grads": normalize})
+        if loss_scale != 1.0:
+            model = trainer.method.state.model
+            losses = model.task_losses
+            monkeypatch.setattr(model, "task_losses",
+                                lambda preds, targets, losses=losses: loss_scale * losses(preds, targets))
+        trainer.train_step(next(iter(trainer._loader(1))), 1)
+    raw, normalized = seen
+    return raw, normalized
+
+
 def test_forum_normalize_upper_grads_gives_the_qp_unit_validation_gradients(multimnist_small: Path, tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``normalize_upper_grads`` (the authors' code) each ∇_ω F_i reaches the QP as ∇_ω F_i / ‖∇_ω F_i‖:
     the first step's rows against the raw ones of a twin run with the option off."""
-    seen = _spy_on_forum_gram(monkeypatch, "upper_grads")
-    torch.set_num_threads(1)
-    bench, data = jobs.load_prepared(multimnist_small)
-    for normalize in (False, True):
-        trainer = _trainer(bench, data, tmp_path / str(normalize), "forum",
-                           {"inner_steps": 1, "normalize_upper_grads": normalize})
-        trainer.train_step(next(iter(trainer._loader(1))), 1)
-    raw, normalized = seen
+    raw, normalized = _upper_grads_raw_and_normalized(multimnist_small, tmp_path, monkeypatch, loss_scale=1.0)
     assert raw.shape[0] == 2 and raw.shape[1] > 2
     torch.testing.assert_close(normalized, raw / raw.norm(dim=1, keepdim=True), rtol=1e-5, atol=1e-7)
 
@@ -790,17 +803,7 @@ def test_forum_normalize_upper_grads_adds_1e_8_to_a_tiny_norm(multimnist_small: 
     """The authors' normalisation is ∇_ω F_i / (‖∇_ω F_i‖ + 1e-8): a guard that matters once the norm is near
     1e-8. Every loss scaled by 2e-7 puts both norms near 1e-7, where the rows reach the QP ~9 % shorter than
     unit length, against the raw rows of a twin run with the option off."""
-    seen = _spy_on_forum_gram(monkeypatch, "upper_grads")
-    torch.set_num_threads(1)
-    bench, data = jobs.load_prepared(multimnist_small)
-    for normalize in (False, True):
-        trainer = _trainer(bench, data, tmp_path / str(normalize), "forum",
-                           {"inner_steps": 1, "normalize_upper_grads": normalize})
-        model = trainer.method.state.model
-        losses = model.task_losses
-        monkeypatch.setattr(model, "task_losses", lambda preds, targets, losses=losses: 2e-7 * losses(preds, targets))
-        trainer.train_step(next(iter(trainer._loader(1))), 1)
-    raw, normalized = seen
+    raw, normalized = _upper_grads_raw_and_normalized(multimnist_small, tmp_path, monkeypatch, loss_scale=2e-7)
     norms = raw.norm(dim=1, keepdim=True)
     assert bool(((norms > 2e-8) & (norms < 5e-7)).all()), norms            # the 1e-8 is not negligible here
     torch.testing.assert_close(normalized, raw / (norms + 1e-8), rtol=1e-4, atol=0.0)
