@@ -167,7 +167,11 @@ class SpecBenchmark(Benchmark):
         np.save(out_dir / "split.npy", codes)
         (out_dir / SCHEMA_FILE).write_text(json.dumps(schema, indent=2) + "\n")
         skipped_rows = {"images": {"missing_images_skipped": skipped},
-                        "molecules": {"invalid_smiles_skipped": skipped}}.get(spec.modality, {})
+                        "molecules": {"invalid_smiles_skipped": skipped},
+                        # imputed with the training mean (encode_features): counted so that the manifest says so
+                        "table": {"missing_feature_values": {c["name"]: c["missing"]
+                                                             for c in schema.get("features", {}).get("numeric", [])}},
+                        }.get(spec.modality, {})
         return {"label": spec.name, "source": {"table": source.origin, "sha256": source.sha256,
                                                "rows": int(source.table.num_rows)},
                 **skipped_rows, "split_sizes": {s: int((codes == c).sum()) for c, s in enumerate(SPLITS)},

@@ -338,3 +338,38 @@ def test_spec_init_reads_the_kinds_off_the_columns(tmp_path: Path) -> None:
     molecules.to_csv(tmp_path / "m.csv", index=False)
     spec = yaml.safe_load(infer_spec(tmp_path / "m.csv", ["toxic"], tmp_path / "m.yaml"))
     assert spec["source"] == {"table": "m.csv", "smiles": "SMILES"} and "features" not in spec
+
+
+@pytest.mark.parametrize("column, cells, explicit, expected", [
+    ("age", {3: float("inf")}, True,
+     "features.numeric[0]: feature 'age' holds 1 infinite or out-of-range value(s) (|x| > 3.4e+38, e.g. inf)"),
+    ("age", {3: 1e308, 7: -1e300}, True,
+     "features.numeric[0]: feature 'age' holds 2 infinite or out-of-range value(s) (|x| > 3.4e+38, e.g. 1e+308)"),
+    ("age", {5: float("-inf")}, False, "features: feature 'age' holds 1 infinite or out-of-range value(s)"),
+    ("spend", {0: 1e308}, True, "tasks[1].name: regression target 'spend' holds 1 infinite or out-of-range value(s)"),
+])
+def test_infinite_or_overflowing_cells_are_refused_with_the_column_and_count(
+        tmp_path: Path, column: str, cells: dict, explicit: bool, expected: str) -> None:
+    """A single inf or 1e308 cell made the column's mean and standard deviation overflow (the whole feature became
+    a constant) or dropped a target from MAE; features and targets are float32 in the model, so |x| > float32's
+    maximum cannot be represented either."""
+    data = frame()
+    for row, value in cells.items():
+        data.loc[row, column] = value
+    spec = {"tasks": TASKS, **({"features": {"numeric": ["age", "customer"]}} if explicit else {})}
+    with pytest.raises(SpecError) as caught:
+        prepared(tmp_path, spec, data)
+    assert expected in str(caught.value), str(caught.value)
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_large_but_representable_value_is_kept_and_missing_features_are_counted(tmp_path: Path) -> None:
+    data = frame()
+    data.loc[[1, 2, 50], "age"] = None
+    data.loc[4, "age"] = 3e38  # below float32's maximum: standardised, finite, not refused
+    bench, loaded = prepared(tmp_path, {"tasks": TASKS, "features": {"numeric": ["age", "customer"]}}, data)
+    x = torch.cat([loaded.splits[s].inputs for s in ("train", "val", "test")]).numpy()
+    assert np.isfinite(x).all() and np.unique(x[:, 0]).size > 2
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    assert manifest["missing_feature_values"] == {"age": 3, "customer": 0}
+    assert [c["missing"] for c in bench.schema["features"]["numeric"]] == [3, 0]

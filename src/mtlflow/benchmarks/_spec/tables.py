@@ -158,10 +158,23 @@ def encode_task(table: Any, task: TaskEntry, index: int, where: SpecLocation) ->
         raise where.error(path, f"regression target {name!r} is not numeric (e.g. {example!r}); clean the column or "
                                 "make the task multiclass")
     values = as_float(raw)
-    if not np.isfinite(values[~np.isnan(values)]).all():
-        raise where.error(path, f"regression target {name!r} holds infinite values; remove them or leave the cells "
-                                "empty (missing)")
+    check_representable(values, f"regression target {name!r}", where, path)
     return EncodedTask(values, {})
+
+
+#: The largest magnitude a feature or regression target may have: inputs and predictions are float32, so a
+#: larger value becomes infinite on the way into the model (and 1e308 overflows the training mean and variance).
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def check_representable(values: np.ndarray, what: str, where: SpecLocation, path: KeyPath) -> None:
+    """Refuse infinite values and values beyond float32's range (NaN is a missing cell and allowed): one would
+    turn a feature's standardisation into NaN or a constant, or drop a target from the error metrics."""
+    present = values[~np.isnan(values)]
+    bad = ~np.isfinite(present) | (np.abs(present) > FLOAT32_MAX)
+    if bad.any():
+        raise where.error(path, f"{what} holds {int(bad.sum())} infinite or out-of-range value(s) (|x| > "
+                                f"{FLOAT32_MAX:.3g}, e.g. {float(present[bad][0])!r}); fix them or leave the cells empty (missing)")
 
 
 def _binary(raw: Any, positive: Any, where: SpecLocation, path: KeyPath, name: str) -> tuple[np.ndarray, Any]:
@@ -301,10 +314,13 @@ def encode_features(spec: DataSpec, table: Any, train: np.ndarray) -> tuple[np.n
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    where = location_of(spec)
     numeric, categorical = feature_columns(spec, table)
     blocks, info = [], {"numeric": [], "categorical": []}
-    for name in numeric:
+    for index, name in enumerate(numeric):
         values = as_float(table.column(name))
+        check_representable(values, f"feature {name!r}", where, ("features", "numeric", index)
+                            if spec.features.numeric is not None else ("features",))
         train_values = values[train & ~np.isnan(values)]
         mean = float(train_values.mean()) if len(train_values) else 0.0
         std = float(train_values.std()) if len(train_values) > 1 else 0.0
@@ -312,7 +328,8 @@ def encode_features(spec: DataSpec, table: Any, train: np.ndarray) -> tuple[np.n
         shift = mean if spec.features.standardise else 0.0
         blocks.append(np.nan_to_num((values - shift) / scale, nan=0.0 if spec.features.standardise else mean)
                       .astype(np.float32)[:, None])
-        info["numeric"].append({"name": name, "mean": mean, "std": std})
+        # missing cells are imputed with the training mean: counted per column so the manifest says how many
+        info["numeric"].append({"name": name, "mean": mean, "std": std, "missing": int(np.isnan(values).sum())})
     for name in categorical:
         values = pc.cast(table.column(name), pa.string())
         categories = sorted(c for c in pc.unique(values.filter(pa.array(train))).to_pylist() if c is not None)
