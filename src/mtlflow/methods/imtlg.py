@@ -7,16 +7,25 @@ D = [g_1 - g_2, ..., g_1 - g_K]ᵀ and U = [u_1 - u_2, ..., u_1 - u_K]ᵀ, is
 
     α_{2..K} = g_1 Uᵀ (D Uᵀ)⁻¹,      α_1 = 1 - Σ_{i≥2} α_i.
 
-Equivalently (d·u_i = (Gα)_i / √G_ii equal for all i), α ∝ G⁻¹ √diag(G) with G = J Jᵀ the
-Gramian, normalised to Σ α_i = 1; this form is what is computed, in float64 on the Gramian's
-eigendecomposition (eigenvalues at or below K·ε₆₄·λmax dropped: the pseudo-inverse, TorchJD's
-generalisation to linearly dependent gradients). The difference form above cancels catastrophically
-when tasks nearly agree: with near-duplicate fp32 gradients it returned α ≈ ±2.5e7 and a wrong
-direction. When Σ (G⁺ √diag G)_i = 0 (e.g. two exactly opposite gradients of equal norm) the only
-solutions with Σα = 1 are null vectors of G, which give d = 0 (projections all 0); that α is
-returned. Every full-rank solve is checked: an equal-projection residual above
-:data:`PROJECTION_TOL`·‖d‖ raises :class:`~mtlflow.core.errors.SolverError` -- nothing is silently
-replaced. Tasks with a zero gradient get α = 0 (u is undefined for them).
+Equivalently (d·u_i = (Gα)_i / √G_ii equal for all i), the defining equations are the linear system
+
+    G α = c √diag(G),      Σ_i α_i = 1       (unknowns α and the common projection c),
+
+with G = J Jᵀ the Gramian. While √diag(G) lies in the range of G, α ∝ G⁺ √diag(G) normalised to
+Σ α_i = 1 solves it; this is what is computed first, in float64 on the Gramian's eigendecomposition
+(eigenvalues at or below K·ε₆₄·λmax dropped: the pseudo-inverse, TorchJD's generalisation to linearly
+dependent gradients). The difference form above cancels catastrophically when tasks nearly agree: with
+near-duplicate fp32 gradients it returned α ≈ ±2.5e7 and a wrong direction. The pseudo-inverse only
+gives the least-squares α, which is a solution only if √diag(G) has no component in the dropped
+directions, so every α it gives is checked against the equations: the equal-projection residual
+max_i |d·u_i − mean| must be at most :data:`PROJECTION_TOL`·‖d‖. When it is not (g₂ = −2·g₁: the
+pseudo-inverse gives α = (−1, 2), d = −5·g₁, projections ∓5‖g₁‖; K > P with generic gradients), or
+when Σ G⁺√diag(G) = 0 (two exactly opposite gradients of equal norm), √diag(G) is outside the range
+of G, so c = 0 and the solutions are the null vectors of G with Σα = 1, all of which give d = Jᵀα = 0
+(projections all 0); the least-norm one, α ∝ P_null 1 (P_null the projector on the dropped
+eigenvectors), is returned. With no such null vector, or on a full-rank Gramian whose solve fails the
+check (too ill-conditioned), :class:`~mtlflow.core.errors.SolverError` is raised -- nothing is
+silently replaced by a non-solution. Tasks with a zero gradient get α = 0 (u is undefined for them).
 Σ α_i = 1 puts d on the scale of the mean gradient, so the trainer rescales it by K
 (``natural_scale = "mean"``; LibMTL and the Nash-MTL/FAMO code use Σ α_i L_i, i.e. no ×K:
 ``--hp scale_convention=reference``).
@@ -33,7 +42,8 @@ from mtlflow.core.errors import SolverError
 from mtlflow.methods._support import gramian_numpy
 from mtlflow.methods.base import GramianWeighting
 
-#: largest max_i |d·u_i − mean| / ‖d‖ accepted from a solve on linearly independent gradients
+#: largest max_i |d·u_i − mean| / ‖d‖ accepted from the pseudo-inverse solve (above it: the least-norm
+#: null-space solution on a rank-deficient Gramian, a SolverError on a full-rank one)
 PROJECTION_TOL = 1e-6
 #: |Σ (G⁺√diag G)_i| below this fraction of Σ |·| counts as 0: Σα = 1 then needs d = 0
 SUM_TOL = 1e-12
@@ -53,24 +63,29 @@ def imtlg_weights(gramian: np.ndarray) -> np.ndarray:
     v = vectors[:, keep] @ ((vectors[:, keep].T @ n) / eigenvalues[keep])      # G⁺ √diag(G)
     total = float(v.sum())
     if abs(total) > SUM_TOL * float(np.abs(v).sum()):
-        alpha[active] = v / total
-    else:
-        # Gα = c·√diag(G) has no solution with Σα = 1 and c ≠ 0; with c = 0 the solutions are the
-        # null vectors of G with Σα = 1, all of which give d = Jᵀα = 0 (equal projections 0)
-        null = vectors[:, ~keep] @ vectors[:, ~keep].sum(axis=0)
-        if not abs(float(null.sum())) > SUM_TOL:
-            raise SolverError("imtlg: no combination of the task gradients with Σα = 1 has equal projections "
-                              "on the unit gradients; the Gramian is degenerate")
-        alpha[active] = null / float(null.sum())
-        return alpha
-    if keep.all():
-        a = alpha[active]
-        projections = (g @ a) / n       # d·u_i, equal for every task by construction
-        spread = float(np.max(np.abs(projections - projections.mean())))
-        if not spread <= PROJECTION_TOL * np.sqrt(max(float(a @ g @ a), 0.0)):
+        a = v / total
+        spread, norm_d = projection_spread(g, n, a)
+        if spread <= PROJECTION_TOL * norm_d:
+            alpha[active] = a
+            return alpha
+        if keep.all():
             raise SolverError(f"imtlg: the projections d·u_i of the solve differ by {spread:.3g} (‖d‖ = "
-                              f"{np.sqrt(max(float(a @ g @ a), 0.0)):.3g}); the Gramian is too ill-conditioned")
+                              f"{norm_d:.3g}); the Gramian is too ill-conditioned")
+    # Gα = c·√diag(G) has no solution with c ≠ 0 (√diag(G) is outside the range of G); with c = 0 the
+    # solutions are the null vectors of G with Σα = 1, all giving d = Jᵀα = 0; the least-norm one is P_null 1
+    null = vectors[:, ~keep] @ vectors[:, ~keep].sum(axis=0)
+    if not abs(float(null.sum())) > SUM_TOL:
+        raise SolverError("imtlg: no combination of the task gradients with Σα = 1 has equal projections "
+                          "on the unit gradients; the Gramian is degenerate")
+    alpha[active] = null / float(null.sum())
     return alpha
+
+
+def projection_spread(gramian: np.ndarray, norms: np.ndarray, alpha: np.ndarray) -> tuple[float, float]:
+    """(max_i |d·u_i − mean_j d·u_j|, ‖d‖) for d = Jᵀα, from the Gramian: d·u_i = (Gα)_i / ‖g_i‖."""
+    projections = (gramian @ alpha) / norms
+    spread = float(np.max(np.abs(projections - projections.mean())))
+    return spread, float(np.sqrt(max(float(alpha @ gramian @ alpha), 0.0)))
 
 
 class IMTLG(GramianWeighting):

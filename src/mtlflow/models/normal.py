@@ -260,6 +260,9 @@ class NormalModel(MultiTaskModel):
         heads = [TaskPositionHead(head, p, options["position_param"], options["learn_positions"])
                  for head, p in zip(base.heads, initial)]
         super().__init__(trunk, heads, base.task_names)
+        # the new ODE field, velocity map and positions take the base model's dtype: a float64 benchmark
+        # (toy, asmg-synthetic) must not feed float64 features into float32 layers
+        self.to(next((p.dtype for p in base.parameters() if p.is_floating_point()), torch.get_default_dtype()))
         self.options = options
         self.feature_shape = [int(v) for v in feature_shape]
 

@@ -11,7 +11,9 @@ checks that method against every property its family promises.
 * gradient methods (:class:`GradientContract`): one finite direction entry per parameter;
 * Gramian weightings (:class:`GramianContract`): the direction is ``last_weights @ J``, depends on J only
   through its Gramian (rotating the parameter space rotates the direction), a NaN gradient is refused in
-  one line naming the method, and, for deterministic methods, does not depend on the order of the tasks.
+  one line naming the method, and, for deterministic methods, does not depend on the order of the tasks;
+  all of this and the method's own defining property (:meth:`GramianContract.assert_defining_property`,
+  which every method's class states) also hold on rank-deficient Jacobians with unequal gradient norms.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from method_helpers import ctx, jacobian, positive_losses, through_torch_save
+from method_helpers import ctx, jacobian, positive_losses, rank_deficient_jacobians, through_torch_save
 
 from mtlflow import methods
 from mtlflow.core.errors import InvalidParameterError, NonFiniteValueError
@@ -165,3 +167,30 @@ class GramianContract(GradientContract):
             grads, losses = self.data(i)
             torch.testing.assert_close(relabelled.combine(grads[order], losses[order]), plain.combine(grads, losses),
                                        rtol=1e-7, atol=self.solver_atol)
+
+    def assert_defining_property(self, grads: torch.Tensor, losses: torch.Tensor, method: methods.Method,
+                                 direction: torch.Tensor) -> None:
+        """Assert the property that defines this method (its paper's equations, checked independently of
+        its solver) for ``direction``, just computed by ``method`` (fresh, built with seed 3) on ``grads``."""
+        raise NotImplementedError(f"{type(self).__name__} must state the defining property of {self.name}")
+
+    def test_rank_deficient_jacobians_of_unequal_norms_keep_the_contract(self) -> None:
+        """On every Jacobian of :func:`method_helpers.rank_deficient_jacobians`: a finite direction equal to
+        the logged weights times J, rotated with the parameter space, unchanged by relabelling the tasks,
+        and the method's defining property."""
+        rotation, _ = torch.linalg.qr(jacobian(99, self.n_params, self.n_params))
+        losses = positive_losses(300, self.n_tasks)
+        for label, grads in rank_deficient_jacobians(self.n_tasks, self.n_params).items():
+            scale = float(grads.norm(dim=1).max())
+            method = self.build(seed=3)
+            direction = method.combine(grads, losses)
+            assert direction.shape == (self.n_params,) and torch.isfinite(direction).all(), label
+            torch.testing.assert_close(direction, method.last_weights.to(grads) @ grads, rtol=1e-9,
+                                       atol=1e-12 * scale, msg=label)
+            torch.testing.assert_close(self.build(seed=3).combine(grads @ rotation, losses), direction @ rotation,
+                                       rtol=1e-7, atol=self.solver_atol * scale, msg=label)
+            if self.task_symmetric:
+                order = torch.randperm(self.n_tasks, generator=torch.Generator().manual_seed(1))
+                torch.testing.assert_close(self.build(seed=3).combine(grads[order], losses[order]), direction,
+                                           rtol=1e-7, atol=self.solver_atol * scale, msg=label)
+            self.assert_defining_property(grads, losses, method, direction)

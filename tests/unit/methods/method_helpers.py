@@ -29,6 +29,29 @@ def jacobian(seed: int, k: int, p: int, scale: float = 1.0) -> torch.Tensor:
     return torch.randn(k, p, generator=gen, dtype=torch.float64) * scale
 
 
+def rank_deficient_jacobians(k: int, p: int) -> dict[str, torch.Tensor]:
+    """K task gradients in ℝ^P of rank < K with unequal norms (a linear dependence among equal-norm gradients,
+    such as g2 = −g1, hides solvers that only handle that case):
+
+    * ``antiparallel``: g_i = (−2)^i·g, rank 1, every task conflicting with its neighbour (0 in the hull);
+    * ``parallel``: g_i = 2^i·g, rank 1, no conflict;
+    * ``dependent``: random rows of rank K − 1 with norms spread over two decades;
+    * ``aligned-dependent``: non-negative rows of rank K − 1 (no conflict), norms over two decades.
+    """
+    gen = torch.Generator().manual_seed(4242)
+    g = torch.randn(p, generator=gen, dtype=torch.float64)
+    powers = torch.arange(k, dtype=torch.float64)
+    spread = torch.logspace(0, 2, k, dtype=torch.float64)[:, None]
+    basis = torch.randn(k - 1, p, generator=gen, dtype=torch.float64)
+    mix = torch.randn(k, k - 1, generator=gen, dtype=torch.float64)
+    return {
+        "antiparallel": ((-2.0) ** powers)[:, None] * g,
+        "parallel": (2.0 ** powers)[:, None] * g,
+        "dependent": (mix @ basis) * spread,
+        "aligned-dependent": (mix.abs() @ basis.abs()) * spread,
+    }
+
+
 def gramian(grads: torch.Tensor) -> np.ndarray:
     return (grads @ grads.T).numpy()
 

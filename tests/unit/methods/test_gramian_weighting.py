@@ -41,6 +41,7 @@ from torchjd import aggregation as torchjd_aggregation
 from mtlflow import methods
 from mtlflow.core.errors import InvalidParameterError, SolverError
 from mtlflow.methods._cvx import solve_checked
+from mtlflow.methods._support import MethodGenerator
 from mtlflow.methods.alignedmtl import balance_transform
 from mtlflow.methods.gradvac import gradvac_coefficients
 from mtlflow.methods.imtlg import imtlg_weights
@@ -475,11 +476,87 @@ def test_imtlg_hand_computed_and_degenerate_cases() -> None:
     alpha = imtlg_weights((grads @ grads.T).numpy())
     assert alpha[2] == 0 and alpha.sum() == pytest.approx(1.0)
     assert_equal_unit_projections(alpha[:2] @ grads[:2].numpy(), grads[:2].numpy())
-    for seed, k, p in RANK_DEFICIENT:      # linearly dependent rows: finite least-squares weights
+    for seed, k, p in RANK_DEFICIENT:      # linearly dependent rows: a solution of the defining equations
         g = jacobian(seed, k, p).numpy()
         alpha = imtlg_weights(g @ g.T)
         assert np.all(np.isfinite(alpha)) and alpha.sum() == pytest.approx(1.0)
+        assert_solves_the_imtlg_equations(alpha, g)
     assert imtlg_weights(np.zeros((3, 3))).tolist() == [0.0, 0.0, 0.0]
+
+
+def imtlg_least_norm_reference(j: np.ndarray) -> tuple[np.ndarray, float]:
+    """(α, residual): the least-norm solution of IMTL-G's defining equations, d = Jᵀα with Σα = 1 and
+    d·u_i = c for every i, as one linear system in (α, c) built from J itself (not from a Gramian, no
+    pseudo-inverse cut-off): [U Jᵀ, −1; 1ᵀ, 0] (α, c) = (0, 1), solved by numpy's SVD least squares."""
+    k = j.shape[0]
+    units = j / np.linalg.norm(j, axis=1, keepdims=True)
+    system = np.zeros((k + 1, k + 1))
+    system[:k, :k], system[:k, k], system[k, :k] = units @ j.T, -1.0, 1.0
+    rhs = np.zeros(k + 1)
+    rhs[k] = 1.0
+    solution = np.linalg.lstsq(system, rhs, rcond=None)[0]
+    return solution[:k], float(np.linalg.norm(system @ solution - rhs))
+
+
+def assert_solves_the_imtlg_equations(alpha: np.ndarray, j: np.ndarray, rtol: float = 1e-9) -> None:
+    """Σα = 1 and equal projections of d = αJ on the unit gradients, to ``rtol`` of the gradients' scale
+    Σ|α_i|‖g_i‖ (the size d would have without cancellation): d = 0 passes, d = −5·g1 with projections ∓5‖g1‖
+    does not."""
+    assert alpha.sum() == pytest.approx(1.0, abs=1e-12)
+    norms = np.linalg.norm(j, axis=1)
+    projections = (j / norms[:, None]) @ (alpha @ j)
+    assert np.ptp(projections) <= rtol * float(np.abs(alpha) @ norms), projections
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("ratio", [2.0, 0.25, 1e3])
+def test_imtlg_antiparallel_gradients_of_unequal_norms_give_zero_update(dtype: torch.dtype, ratio: float) -> None:
+    """g2 = −r·g1 (r a power of 2 or 1e3, exact in every dtype's product with these rows): d = (α1 − r·α2)·g1
+    and d·u1 = d·u2 = −d·u1 force d = 0, so α1 = r·α2 and Σα = 1 give α = (r, 1)/(1 + r) (by hand; r = 2:
+    α = (2/3, 1/3)). The pseudo-inverse alone gives α = (−1, 2), d = −5·g1 for r = 2."""
+    g1 = torch.tensor([1.0, 2.0, -1.0, 0.5], dtype=torch.float64)
+    grads = torch.stack([g1, -ratio * g1]).to(dtype)
+    # fp32/bf16 Jacobians: the Gramian carries float32 rounding (~eps₃₂ relative), the weights follow it
+    rtol = 1e-12 if dtype == torch.float64 else 4 * float(torch.finfo(torch.float32).eps)
+    imtlg = methods.build("imtlg", 2)
+    d = imtlg.combine(grads, torch.ones(2, dtype=dtype))
+    alpha = imtlg.last_weights.double().numpy()
+    np.testing.assert_allclose(alpha, [ratio / (1 + ratio), 1 / (1 + ratio)], rtol=rtol)
+    exact = grads.double().numpy()
+    zero_tol = rtol * ratio * float(g1.norm())
+    np.testing.assert_allclose(alpha @ exact, 0.0, atol=zero_tol)
+    assert float(d.double().abs().max()) <= zero_tol + 2 * float(torch.finfo(dtype).eps) * ratio
+    assert_solves_the_imtlg_equations(alpha, exact, rtol=max(rtol, 1e-9))
+    reference, residual = imtlg_least_norm_reference(exact)
+    assert residual < 1e-12
+    np.testing.assert_allclose(alpha, reference, rtol=max(rtol, 1e-9))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("k,p,rank", [(40, 10, 10), (40, 12, 10), (6, 5, 3), (3, 5, 2)])
+@pytest.mark.parametrize("noise", [0.0, 1e-8])
+def test_imtlg_on_rank_deficient_jacobians_of_unequal_norms_matches_the_least_norm_reference(
+        seed: int, k: int, p: int, rank: int, noise: float) -> None:
+    """K rows of rank ``rank`` < K, norms spread over two decades, exactly or with 1e-8 noise (relative to each
+    row): where √diag(G) is outside the range of G the only solutions have d = 0, the reference finds
+    ‖d‖ ~ 1e-14 (exact) or ~ 1e-8 (noise), and the pseudo-inverse alone gave ‖d‖ of 1-60 with unequal
+    projections. Against :func:`imtlg_least_norm_reference` (J-based, no cut-off): the same direction, within
+    1e-6 of it plus 1e-12 of the gradients' scale."""
+    gen = torch.Generator().manual_seed(seed)
+    basis = torch.randn(k, rank, generator=gen, dtype=torch.float64) @ torch.randn(rank, p, generator=gen,
+                                                                                    dtype=torch.float64)
+    j = basis * torch.logspace(0, 2, k, dtype=torch.float64)[:, None]
+    j = j + noise * torch.randn(k, p, generator=gen, dtype=torch.float64) * torch.linalg.norm(j, dim=1, keepdim=True)
+    imtlg = methods.build("imtlg", k)
+    d = imtlg.combine(j, torch.ones(k, dtype=torch.float64)).numpy()
+    alpha, jn = imtlg.last_weights.numpy(), j.numpy()
+    assert_solves_the_imtlg_equations(alpha, jn)
+    reference, residual = imtlg_least_norm_reference(jn)
+    scale = float(np.linalg.norm(jn, axis=1).max())
+    assert residual < 1e-9
+    d_reference = reference @ jn
+    assert np.linalg.norm(d_reference) < 1e-6 * scale          # the reference's own answer: d ≈ 0
+    np.testing.assert_allclose(d, d_reference, rtol=1e-6, atol=1e-12 * scale)
 
 
 def test_imtl_loss_part_gradient_and_combined_direction() -> None:
@@ -1023,47 +1100,131 @@ def test_upgrad_is_linear_under_scaling_and_the_mean_without_conflict() -> None:
 # -- the family contract -----------------------------------------------------------------------------
 
 
+def pcgrad_brute_force(g: np.ndarray, orders: list[list[int]]) -> np.ndarray:
+    """Yu et al.'s Alg. 1 on the rows themselves: each g_i is projected onto the normal plane of every g_j it
+    conflicts with, in its visiting order, and the projected gradients are summed."""
+    total = np.zeros(g.shape[1])
+    for i, order in enumerate(orders):
+        projected_i = g[i].copy()
+        for j in order:
+            dot = projected_i @ g[j]
+            if dot < 0:
+                projected_i -= dot / (g[j] @ g[j]) * g[j]
+        total += projected_i
+    return total
+
+
+def assert_bargaining_fixed_point_or_pareto_stationary(grads: torch.Tensor, method: methods.Method,
+                                                       direction: torch.Tensor) -> None:
+    """Nash-MTL and FairGrad with α = 1: α ⊙ Gα = 1 with α > 0 (every task improves), or, where 0 is in the
+    convex hull of the gradients (no such α exists), a step counted as stationary with a zero update from
+    non-negative weights."""
+    g, w, d = grads.numpy(), method.last_weights.numpy(), direction.numpy()
+    scale = float(np.linalg.norm(g, axis=1).max())
+    if method.stationary_steps:
+        assert np.all(w >= -1e-9) and w.sum() > 0
+        assert np.linalg.norm(d) <= 1e-6 * scale
+    else:
+        assert np.all(w > 0)
+        np.testing.assert_allclose(w * (g @ g.T @ w), 1.0, atol=1e-5)
+
+
 class TestAlignedMTL(GramianContract):
     name = "alignedmtl"
+
+    def assert_defining_property(self, grads, losses, method, direction) -> None:
+        """Alg. 1 (scale_mode "min"): Ĵ = σ_min U_r V_rᵀ from J's thin SVD on its row space, d = Ĵᵀ 1/K."""
+        u, s, vh = np.linalg.svd(grads.numpy(), full_matrices=False)
+        rank = int(np.sum(s > s[0] * max(grads.shape) * 1e-12))
+        aligned = s[rank - 1] * u[:, :rank] @ vh[:rank]
+        np.testing.assert_allclose(direction.numpy(), aligned.T @ np.full(self.n_tasks, 1 / self.n_tasks),
+                                   rtol=1e-8, atol=1e-10 * s[0])
 
 
 class TestCAGrad(GramianContract):
     name = "cagrad"
 
+    def assert_defining_property(self, grads, losses, method, direction) -> None:
+        """Alg. 1: max_d min_i g_i·d on the ball ‖d − g_0‖ ≤ c‖g_0‖ (c = 0.4): on its sphere, and as good as
+        the primal solved with cvxpy."""
+        j, d = grads.numpy(), direction.numpy()
+        g0 = j.mean(axis=0)
+        radius = 0.4 * np.linalg.norm(g0)
+        assert np.linalg.norm(d - g0) == pytest.approx(radius, rel=1e-8)
+        reference = cagrad_primal(j, 0.4)
+        assert (j @ d).min() >= (j @ reference).min() - 1e-6 * float(np.linalg.norm(j, axis=1).max()) * radius
+
 
 class TestFairGrad(GramianContract):
     name = "fairgrad"
+
+    def assert_defining_property(self, grads, losses, method, direction) -> None:
+        assert_bargaining_fixed_point_or_pareto_stationary(grads, method, direction)
 
 
 class TestGradVac(GramianContract):
     name = "gradvac"
     task_symmetric = False
 
+    def assert_defining_property(self, grads, losses, method, direction) -> None:
+        """The first step (targets φ̂ = 0) is PCGrad's Alg. 1 in the method's own visiting orders."""
+        orders = MethodGenerator("gradvac", 3).visiting_orders(self.n_tasks)
+        np.testing.assert_allclose(direction.numpy(), pcgrad_brute_force(grads.numpy(), orders),
+                                   rtol=1e-9, atol=1e-12 * float(grads.norm(dim=1).max()))
+
 
 class TestIMTLG(GramianContract):
     name = "imtlg"
+
+    def assert_defining_property(self, grads, losses, method, direction) -> None:
+        assert_solves_the_imtlg_equations(method.last_weights.numpy(), grads.numpy())
 
 
 class TestMGDA(GramianContract):
     name = "mgda"
 
+    def assert_defining_property(self, grads, losses, method, direction) -> None:
+        """The min-norm point of the convex hull: weights on the simplex meeting the KKT conditions."""
+        w = method.last_weights.numpy()
+        assert_on_simplex(w)
+        assert max(kkt_residuals(gramian(grads), w, active=1e-6)) <= 1e-6
+
 
 class TestMGDAUB(GramianContract):
     name = "mgdaub"
+
+    def assert_defining_property(self, grads, losses, method, direction) -> None:
+        """normalization "none" (the paper): the min-norm point of the hull of the gradients, as MGDA."""
+        w = method.last_weights.numpy()
+        assert_on_simplex(w)
+        assert max(kkt_residuals(gramian(grads), w, active=1e-6)) <= 1e-6
 
 
 class TestNashMTL(GramianContract):
     name = "nashmtl"
     solver_atol = 1e-7
 
+    def assert_defining_property(self, grads, losses, method, direction) -> None:
+        assert_bargaining_fixed_point_or_pareto_stationary(grads, method, direction)
+
 
 class TestPCGrad(GramianContract):
     name = "pcgrad"
     task_symmetric = False
 
+    def assert_defining_property(self, grads, losses, method, direction) -> None:
+        orders = MethodGenerator("pcgrad", 3).visiting_orders(self.n_tasks)
+        np.testing.assert_allclose(direction.numpy(), pcgrad_brute_force(grads.numpy(), orders),
+                                   rtol=1e-9, atol=1e-12 * float(grads.norm(dim=1).max()))
+
 
 class TestUPGrad(GramianContract):
     name = "upgrad"
+
+    def assert_defining_property(self, grads, losses, method, direction) -> None:
+        """Non-conflicting: g_i·d ≥ 0 for every task (to rounding of the largest ‖g_i‖²)."""
+        g = grads.numpy()
+        assert (g @ direction.numpy()).min() >= -1e-10 * float((g ** 2).sum(axis=1).max())
 
 
 def test_fairgrad_resumes_its_count_of_stationary_steps() -> None:

@@ -1,7 +1,8 @@
 """IMTL-G's edge cases and refusals (``mtlflow.methods.imtlg.imtlg_weights``), each on a Gramian built to reach it.
 
 * The pseudo-inverse cut-off: an eigenvalue exactly at K·ε₆₄·λmax is dropped, as ``torch.linalg.pinv``'s
-  default does in TorchJD's IMTL-G (singular values ≤ rtol·σmax are zeroed).
+  default does in TorchJD's IMTL-G (singular values ≤ rtol·σmax are zeroed); unlike TorchJD, the pseudo-inverse
+  answer is then checked and, failing the equal projections, replaced by the least-norm null-space solution.
 * The Σα ≈ 0 test is relative: scaling the Gramian by 1e±30 changes neither the weights nor a refusal.
 * Σ G⁺√diag(G) = 0 with a null space: the null-space solution (d = 0); without one (full rank): the refusal
   "no combination ... the Gramian is degenerate", on an integer Gramian where the sum is exactly 0.
@@ -37,16 +38,19 @@ def imtlg(gramian: np.ndarray) -> np.ndarray:
     return weights.numpy()
 
 
-def test_imtlg_drops_an_eigenvalue_exactly_at_the_cutoff_like_torchjds_pinv() -> None:
+def test_imtlg_drops_an_eigenvalue_exactly_at_the_cutoff_like_torchjds_pinv_then_checks_the_answer() -> None:
     """G = diag(1, 2ε): the second eigenvalue equals the cut-off K·ε·λmax = 2ε exactly (eigh is exact on a
-    diagonal matrix) and counts as zero, so G⁺√diag(G) = (1, 0) and α = (1, 0). Keeping it would give the
-    orthogonal-gradient answer α ∝ (1/1, 1/√(2ε)), i.e. α ≈ (2.1e-8, 1)."""
+    diagonal matrix) and counts as zero, as in TorchJD's pinv, so G⁺√diag(G) = (1, 0). That α = (1, 0) is what
+    TorchJD returns, but it is no solution: d = g1 has projections (1, 0) on u1, u2. √diag(G) = (1, √(2ε)) has a
+    component along the dropped direction e2, so c = 0 and the least-norm null vector with Σα = 1 is exactly
+    α = (0, 1) (d = g2, ‖d‖ = √(2ε) ≈ 2.1e-8: zero at the cut-off's precision). Keeping the eigenvalue would give
+    the orthogonal-gradient answer α ∝ (1/1, 1/√(2ε)), i.e. α ≈ (2.1e-8, 1), not exactly (0, 1)."""
     from torchjd.aggregation._imtl_g import IMTLGWeighting
 
     eps = np.finfo(np.float64).eps
     gramian = np.diag([1.0, 2 * eps])
-    assert imtlg(gramian).tolist() == [1.0, 0.0]
-    # TorchJD: torch.linalg.pinv with its default rtol = max(K, K)·ε zeroes σ ≤ rtol·σmax
+    assert imtlg(gramian).tolist() == [0.0, 1.0]
+    # TorchJD: torch.linalg.pinv with its default rtol = max(K, K)·ε zeroes σ ≤ rtol·σmax, and stops there
     assert IMTLGWeighting()(torch.from_numpy(gramian)).tolist() == [1.0, 0.0]
 
 
