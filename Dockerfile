@@ -9,7 +9,8 @@
 # both build it without pulling a frontend image. The wheels are copied into the build stage only; the runtime
 # stage copies the virtual environment and the project's own wheel, so no dependency's wheel ends up in the image.
 # With a package index instead of wheels/: --build-arg PIP_OPTIONS="" (and a registry base, e.g.
-# --build-arg BASE_IMAGE=python:3.11.7-slim-bookworm@sha256:<digest>, whose python3.11 is at /usr/local/bin).
+# --build-arg BASE_IMAGE=python:3.11-slim-bookworm@sha256:<digest>, whose python3.11 is at /usr/local/bin); that is
+# how CI builds it on a hosted runner: `make image PIP_SOURCE=index BASE_IMAGE=...` (.github/workflows/retrain.yml).
 ARG BASE_IMAGE=local/debian-python:3.11-bookworm
 
 FROM ${BASE_IMAGE} AS build

@@ -63,7 +63,22 @@ BASE_IMAGE ?= local/debian-python:3.11-bookworm
 GIT_REV ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 # The classic builder needs no BuildKit frontend image (no registry here); DOCKER_BUILDKIT=1 works too (no RUN --mount).
 DOCKER_BUILDKIT ?= 0
+# Where the build's pip takes the pinned stack from: `wheels` (offline: wheels/ filled on the host by `make wheels`,
+# no network in the build) or `index` (CI on a hosted runner: PyPI inside the build on a registry BASE_IMAGE, nothing
+# downloaded on the host -- the host's PIP_EXTRA_INDEX_URL cannot reach the build -- and a build context of the
+# sources only, since wheels/ stays empty).
+PIP_SOURCE ?= wheels
+ifeq ($(PIP_SOURCE),index)
+DOCKER_BUILD_ARGS ?=
+IMAGE_INPUTS := base-image
+PIP_BUILD_ARG := --build-arg PIP_OPTIONS=
+else ifeq ($(PIP_SOURCE),wheels)
 DOCKER_BUILD_ARGS ?= --network none
+IMAGE_INPUTS := wheels base-image
+PIP_BUILD_ARG :=
+else
+$(error PIP_SOURCE=$(PIP_SOURCE) is neither wheels (offline, wheels/) nor index (PyPI inside the build))
+endif
 WHEELS_STAMP := wheels/.downloaded
 
 # Every wheel of requirements.txt (resolved with constraints.txt) plus the build backend, for Linux x86_64 CPython
@@ -74,14 +89,18 @@ $(WHEELS_STAMP): requirements.txt constraints.txt
 
 wheels: $(WHEELS_STAMP)
 
+# debootstrap only for the local base: a registry BASE_IMAGE (CI) is pulled by docker build
 base-image:
 	tools/docker-daemon.sh
-	@docker image inspect $(BASE_IMAGE) >/dev/null 2>&1 || [ "$(BASE_IMAGE)" != local/debian-python:3.11-bookworm ] \
-	  || tools/base-image.sh $(BASE_IMAGE)
+ifeq ($(BASE_IMAGE),local/debian-python:3.11-bookworm)
+	@docker image inspect $(BASE_IMAGE) >/dev/null 2>&1 || tools/base-image.sh $(BASE_IMAGE)
+endif
 
-image: wheels base-image
+# wheels/ is COPY'd by the Dockerfile: empty with PIP_SOURCE=index
+image: $(IMAGE_INPUTS)
+	mkdir -p wheels
 	DOCKER_BUILDKIT=$(DOCKER_BUILDKIT) docker build $(DOCKER_BUILD_ARGS) --build-arg BASE_IMAGE=$(BASE_IMAGE) \
-	  --build-arg GIT_REV=$(GIT_REV) -t $(IMAGE) .
+	  $(PIP_BUILD_ARG) --build-arg GIT_REV=$(GIT_REV) -t $(IMAGE) .
 
 image-push: image
 	docker push $(IMAGE)

@@ -71,9 +71,10 @@ def training(layout: StorageLayout, data, run_spec, epochs, train_options, pushg
 
 
 def build_benchmark_sweep(parallelism: int = PARALLELISM, storage_root: str = CLUSTER_ROOT):
-    """The sweep with ``parallelism`` concurrent training tasks per loop and its state (DVC remote and
-    cache, checkpoints, status records) under ``storage_root``; both are compile-time settings (local
-    runs use the number of cores and a local folder)."""
+    """The sweep with ``parallelism`` concurrent training tasks per loop -- capped so that both loops together
+    fit the cluster profile's ``gpu_quota`` -- and its state (DVC remote and cache, checkpoints, status
+    records) under ``storage_root``; both are compile-time settings (local runs use the number of cores and
+    a local folder)."""
     layout = StorageLayout(storage_root)
 
     @dsl.pipeline(name="mtlflow-benchmark-sweep", description="Version the data with DVC, train MTL methods x "
@@ -94,16 +95,17 @@ def build_benchmark_sweep(parallelism: int = PARALLELISM, storage_root: str = CL
         reference_seeds: List[int] = DEFAULTS["reference_seeds"],
         pushgateway: str = DEFAULTS["pushgateway"],
     ):
+        per_loop = cluster.loop_parallelism(parallelism, loops=2)  # the methods' and the references' loops
         with dsl.ExitHandler(status_handler("benchmark_sweep", layout, pushgateway), name="sweep"):
             prep = versioned_data(layout, benchmark, data_options, spec, spec_rev, data_version, dvc_remote)
             data = prep.outputs["data"]
             runs = cluster.light(plan_runs(methods=methods, seeds=seeds, method_hparams=method_hparams))
             refs = cluster.light(plan_references(tasks=prep.outputs["Output"], seeds=reference_seeds))
-            with dsl.ParallelFor(runs.output, parallelism=parallelism) as run_spec:
+            with dsl.ParallelFor(runs.output, parallelism=per_loop) as run_spec:
                 trained = training(layout, data, run_spec, epochs, train_options, pushgateway, "benchmark_sweep")
                 trained.set_display_name("train method")
                 cluster.light(evaluate(data=data, run=trained.outputs["run"], split="test"))
-            with dsl.ParallelFor(refs.output, parallelism=parallelism) as ref_spec:
+            with dsl.ParallelFor(refs.output, parallelism=per_loop) as ref_spec:
                 reference = training(layout, data, ref_spec, epochs, train_options, pushgateway, "benchmark_sweep")
                 reference.set_display_name("train single-task reference")
             # not cached: a cached comparison would push nothing to the Pushgateway

@@ -49,18 +49,30 @@ def active_profile() -> ClusterProfile:
 
 
 def _pod_settings(task: dsl.PipelineTask, task_class: str) -> dsl.PipelineTask:
-    """CPU/memory of the task class, the profile's UID/GID and image pull Secrets. kfp-kubernetes 2.17
-    cannot set a pod's fsGroup: the volumes' group comes from the runtime's fsGroup (TrainJobs) or the
-    volume itself (docs/guides/kubeflow.md, "Volumes and the image's user")."""
+    """CPU/memory of the task class, non-root (with the profile's UID/GID when it sets them) and image pull
+    Secrets. kfp-kubernetes 2.17 cannot set a pod's fsGroup, seccomp profile or capabilities: the volumes'
+    group comes from the runtime's fsGroup (TrainJobs) or the volume itself (docs/guides/kubeflow.md,
+    "Volumes and the image's user"). A profile for a KFP backend before 2.16 (``kfp_backend``) gets no
+    securityContext at all: those drivers reject the field."""
     profile = active_profile()
     spec = profile.resources[task_class]
     task.set_cpu_request(spec.cpu_request).set_cpu_limit(spec.cpu_limit)
     task.set_memory_request(spec.memory_request).set_memory_limit(spec.memory_limit)
-    kubernetes.set_security_context(task, run_as_user=profile.security.run_as_user,
-                                    run_as_group=profile.security.run_as_group, run_as_non_root=True)
+    if profile.task_security_context():
+        kubernetes.set_security_context(task, run_as_user=profile.security.run_as_user,
+                                        run_as_group=profile.security.run_as_group, run_as_non_root=True)
     if profile.image_pull_secrets:
         kubernetes.set_image_pull_secrets(task, list(profile.image_pull_secrets))
     return task
+
+
+def loop_parallelism(parallelism: int, loops: int) -> int:
+    """Concurrent training tasks per loop when ``loops`` loops train at once: at most ``parallelism``, and no
+    more than the profile's GPU quota admits, so that no task waits for (or is refused by) the quota."""
+    profile = active_profile()
+    if profile.gpu_quota is None:
+        return parallelism
+    return max(1, min(parallelism, profile.gpu_quota // (profile.accelerator.count * loops)))
 
 
 def mount(task: dsl.PipelineTask, layout: StorageLayout, *claims: str) -> dsl.PipelineTask:
@@ -102,9 +114,15 @@ def gpu_training(task: dsl.PipelineTask, layout: StorageLayout) -> dsl.PipelineT
     return mount(gpu_node(task), layout, "mtlflow-checkpoints")
 
 
+#: what a launcher may take beyond its TrainJob's deadline (staging the data, copying the run directory)
+LAUNCHER_GRACE_SECONDS = 1800
+
+
 def job_launcher(task: dsl.PipelineTask, layout: StorageLayout) -> dsl.PipelineTask:
-    """A task that submits a TrainJob and waits: small, retried, both PVCs (staging and results)."""
+    """A task that submits a TrainJob and waits: small, retried, both PVCs (staging and results), and a
+    timeout of the profile's TrainJob deadline plus a grace period, so the launcher never outlives its job."""
     light(task).set_retry(**TRAIN_RETRIES)
+    kubernetes.set_timeout(task, seconds=active_profile().trainjob.deadline_seconds + LAUNCHER_GRACE_SECONDS)
     return mount(task, layout, "mtlflow-data", "mtlflow-checkpoints")
 
 

@@ -11,7 +11,8 @@ GPU (``LOCAL_RANK``, NCCL) and its shard of every global batch of ``num_nodes x 
 train_options.batch_size`` samples (:mod:`mtlflow.engine.distributed`), and rank 0 writes the run directory
 on the checkpoints volume. The cluster profile the pipeline is compiled with goes to the launcher as a
 constant, so the job's pods get the same node selection, tolerations, user and pull Secrets as the
-pipeline's own tasks, and CPU/memory per GPU.
+pipeline's own tasks, and CPU/memory per GPU; the job's deadline is the profile's
+``trainjob.deadline_seconds`` and its rank 0 pushes telemetry to ``pushgateway`` like a training task.
 """
 
 from kfp import dsl
@@ -55,11 +56,13 @@ def build_distributed_train(parallelism: int = PARALLELISM, storage_root: str = 
         with dsl.ExitHandler(status_handler("distributed_train", layout, pushgateway), name="distributed-train"):
             prep = versioned_data(layout, benchmark, data_options, spec, spec_rev, data_version, dvc_remote)
             spec = cluster.light(plan_run(method=method, seed=seed, hparams=hparams))
+            profile = cluster.active_profile()
             job = launch_trainjob(data=prep.outputs["data"], run_spec=spec.output, epochs=epochs,
                                   train_options=train_options, storage_root=layout.root, kind=job_kind,
                                   num_nodes=num_nodes, gpus_per_node=gpus_per_node, image=IMAGE,
-                                  run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                                  profile=cluster.active_profile().model_dump(mode="json", exclude_none=True))
+                                  run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, pushgateway=pushgateway,
+                                  timeout_seconds=profile.trainjob.deadline_seconds,
+                                  profile=profile.model_dump(mode="json", exclude_none=True))
             job.set_display_name("launch multi-GPU training job")
             cluster.job_launcher(job, layout)
             cluster.light(evaluate(data=prep.outputs["data"], run=job.outputs["run"], split="test"))

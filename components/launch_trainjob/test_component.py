@@ -60,6 +60,7 @@ def test_launcher_stages_data_submits_waits_and_collects_the_run(tiny_dataset, t
     data, _ = tiny_dataset
     api = TrainerControllerStub()
     monkeypatch.setattr(k8s_jobs, "custom_objects_api", lambda: api)
+    monkeypatch.setattr(k8s_jobs, "core_api", lambda: None)  # not in a pod here: the job gets no owner
     run = dsl.Artifact(uri=str(tmp_path / "run"))
     model = dsl.Model(uri=str(tmp_path / "model.pt"))
     spec = json.dumps({"method": "ls", "seed": 0, "hparams": {}})

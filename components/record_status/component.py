@@ -12,9 +12,18 @@ def record_status(status: dsl.PipelineTaskFinalStatus, pipeline: str, job_name: 
     and the time; runs after the pipeline's tasks whether they succeeded or not. Returns the path.
 
     With ``pushgateway`` (else ``$MTLFLOW_PUSHGATEWAY``; neither: off) the final state is also pushed to
-    Prometheus (``mtlflow_pipeline_last_run_succeeded`` and friends, grouped by pipeline and run)."""
+    Prometheus (``mtlflow_pipeline_last_run_succeeded`` and friends, grouped by pipeline and run), and the
+    gateway's stale groups are deleted: training groups not pushed to for 6 h (a killed run's, which would
+    report running for ever) and pipeline-level ones after 7 days (:mod:`mtlflow.ops.observability.groups`)."""
     from mtlflow.jobs import pipeline_steps
+    from mtlflow.ops.observability import resolve_pushgateway
+    from mtlflow.ops.observability.groups import expire_stale_groups
 
-    return pipeline_steps.record_status(status_dir, pipeline, job_name, status.state, status.error_code,
+    path = pipeline_steps.record_status(status_dir, pipeline, job_name, status.state, status.error_code,
                                         status.error_message, status.pipeline_task_name,
                                         status.pipeline_job_resource_name, pushgateway)
+    gateway = resolve_pushgateway(pushgateway)
+    if gateway:
+        for group in expire_stale_groups(gateway):
+            print(f"deleted the stale Pushgateway group {group.job} {dict(group.grouping_key)}")
+    return path

@@ -42,3 +42,6 @@ def test_unreachable_pushgateway_only_warns(tmp_path, caplog):
     assert json.loads(Path(path).read_text())["state"] == "SUCCEEDED"
     warnings = [r for r in caplog.records if r.name == "mtlflow.ops.observability"]
     assert len(warnings) == 1 and str(port) in warnings[0].getMessage()
+    # and one for the housekeeping of stale groups, which failed too and did not fail the step
+    expiry = [r for r in caplog.records if r.name == "mtlflow.ops.observability.groups"]
+    assert len(expiry) == 1 and "could not expire stale groups" in expiry[0].getMessage()

@@ -171,3 +171,17 @@ def test_the_readme_and_guide_cluster_commands_parse_and_name_existing_files():
             assert args.profile and (ROOT / args.profile).is_file(), line
             checked += 1
     assert checked >= 3
+
+
+@pytest.mark.parametrize("env, per_loop", [("dev", 1), ("prod", 4)])
+def test_sweep_parallelism_fits_the_gpu_quota(env, per_loop, sweeps):
+    """Issue 30, item 10: both loops of the sweep train at once; with parallelism 4 each, dev's quota of 2 GPUs would
+    be asked for 8 GPU pods. The profile's gpu_quota is the overlay's, and caps each loop so both fit it."""
+    (quota,) = [o for o in overlay(env) if o["kind"] == "ResourceQuota"]
+    profile = load_profile(OVERLAYS / env / "profile.yaml")
+    assert profile.gpu_quota == int(quota["spec"]["hard"][f"requests.{profile.accelerator.type}"])
+    ir, _ = sweeps[env]
+    loops = [t for c in [ir["root"], *ir["components"].values()] for t in c.get("dag", {}).get("tasks", {}).values()
+             if "iteratorPolicy" in t]
+    assert [t["iteratorPolicy"]["parallelismLimit"] for t in loops] == [per_loop, per_loop]
+    assert len(loops) * per_loop * profile.accelerator.count <= profile.gpu_quota

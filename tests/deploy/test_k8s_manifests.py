@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import kubernetes_schemas
+import pod_security
 import pytest
 import yaml
 
@@ -155,37 +156,33 @@ def test_runtime_restarts_a_failed_node_and_runs_as_the_image_user(builds):
         (runtime,) = by_kind(objs, "TrainingRuntime").values()
         policy = runtime["spec"]["template"]["spec"]["failurePolicy"]
         assert policy["maxRestarts"] >= 1 and policy["restartStrategy"] == "Recreate"
-        security = ClusterProfile().security
-        assert runtime_pod(objs)["securityContext"] == {
-            "runAsUser": security.run_as_user, "runAsGroup": security.run_as_group, "runAsNonRoot": True,
-            "fsGroup": security.fs_group, "fsGroupChangePolicy": "OnRootMismatch"}
+        # no fixed UID or fsGroup in the runtime: a TrainJob's patch cannot remove one (OpenShift assigns them)
+        assert runtime_pod(objs)["securityContext"] == k8s_jobs.pod_security_context(ClusterProfile()) == {
+            "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def test_the_volume_permissions_component_hands_every_claim_to_the_image_user(tmp_path):
-    """The optional init Job (k8s/components/volume-permissions, for NFS/EFS/CephFS volumes that ignore
-    fsGroup) included in the dev overlay: a valid Job in the overlay's namespace that mounts every claim
-    where the pipeline does and gives its top directory to the profile's UID/GID."""
-    import os
-
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_the_volume_permissions_job_hands_every_claim_to_the_image_user(builds, env):
+    """Issue 30, item 11: KFP task pods cannot get an fsGroup (kfp-kubernetes 2.17 has no setter) and the overlays'
+    shared-filesystem classes ignore it, so both overlays include the init Job (k8s/components/volume-permissions):
+    a valid Job in the overlay's namespace that mounts every claim where the pipeline does and gives its top
+    directory to the profile's UID/GID."""
     import kubernetes_validate
 
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "namespace": "mtlflow-dev",
-        "resources": [os.path.relpath(K8S / "overlays" / "dev", tmp_path)],
-        "components": [os.path.relpath(K8S / "components" / "volume-permissions", tmp_path)]}))
-    objs = kustomize(tmp_path)
-    (job,) = by_kind(objs, "Job").values()
+    (job,) = by_kind(builds[env], "Job").values()
     kubernetes_validate.validate(job, K8S_VERSION, strict=True)
-    assert job["metadata"]["namespace"] == "mtlflow-dev"
+    profile = load_profile(K8S / "overlays" / env / "profile.yaml")
+    assert job["metadata"]["namespace"] == profile.namespace
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]}
     mounts = {claims[m["name"]]: m["mountPath"] for m in container["volumeMounts"]}
     layout = StorageLayout()
     assert mounts == {claim: layout.mount(claim) for claim in VOLUMES}
-    security = load_profile(K8S / "overlays" / "dev" / "profile.yaml").security
     script = container["command"][-1]
-    assert f"chown {security.run_as_user}:{security.run_as_group} {' '.join(mounts.values())}" in script
+    assert f"chown {profile.security.run_as_user}:{profile.security.run_as_group} {' '.join(mounts.values())}" \
+        in script
+    assert "Job" not in {o["kind"] for o in builds["base"]}, "the base stays free of it"
 
 
 def test_gpu_quota_and_scheduling_per_environment(builds):
@@ -237,8 +234,9 @@ SPEC = json.dumps({"method": "fairgrad", "seed": 3, "hparams": {"alpha": 2.0}})
 
 def _job(**kw):
     layout = StorageLayout()
-    command = k8s_jobs.train_command("/mnt/mtlflow/data/datasets/abc", "/mnt/mtlflow/checkpoints/runs/k", SPEC, 10,
-                                     {"batch_size": 128, "device": "cuda"})
+    command = kw.pop("command", None) or k8s_jobs.train_command(
+        "/mnt/mtlflow/data/datasets/abc", "/mnt/mtlflow/checkpoints/runs/k", SPEC, 10,
+        {"batch_size": 128, "device": "cuda"})
     return k8s_jobs.DistributedTraining(
         name=k8s_jobs.job_name("fairgrad-s3-0123456789abcdef"), namespace="mtlflow", image="reg/mtlflow:1",
         command=command, volumes=tuple(k8s_jobs.Volume(c, layout.mount(c)) for c in ("mtlflow-data", "mtlflow-checkpoints")),
@@ -353,3 +351,120 @@ def test_pytorchjob_manifest_shape_and_valid_pod_template():
         kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
     single = k8s_jobs.pytorchjob_manifest(_job(num_nodes=1))
     assert set(single["spec"]["pytorchReplicaSpecs"]) == {"Master"}
+
+
+#: an OpenShift-style profile: no UID, GID or fsGroup (the restricted-v2 SCC assigns them from the namespace's range)
+PLATFORM_IDS = ClusterProfile(name="openshift", namespace="mtlflow")
+
+
+def trainjob_pod(objs, manifest):
+    """The pod a TrainJob's nodes get: the overlay's runtime pod template with the job's runtime patch merged."""
+    (runtime,) = by_kind(objs, "TrainingRuntime").values()
+    template = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    patch, = manifest["spec"]["runtimePatches"]
+    patched = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    return pod_security.merged(template, patched)["spec"]
+
+
+def test_the_restricted_check_finds_what_the_standard_forbids():
+    """The checker can fail: each forbidden setting is found, and a compliant pod passes."""
+    compliant = {"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                 "containers": [{"name": "c", "securityContext": {"allowPrivilegeEscalation": False,
+                                                                  "capabilities": {"drop": ["ALL"]}}}],
+                 "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "x"}}]}
+    assert pod_security.violations(compliant) == []
+    broken = pod_security.merged(compliant, {
+        "hostNetwork": True, "securityContext": {"runAsUser": 0, "seccompProfile": {"type": "Unconfined"}},
+        "volumes": [{"name": "h", "hostPath": {"path": "/"}}],
+        "containers": [{"name": "c", "securityContext": {"privileged": True, "capabilities": {"add": ["SYS_ADMIN"],
+                                                                                             "drop": []}}}]})
+    assert pod_security.violations(broken) == [
+        "hostNetwork is true", "volume h is a hostPath", "volume h has a type outside the restricted set: ['hostPath']",
+        "the pod's seccompProfile is Unconfined", "the pod runs as UID 0", "container c is privileged",
+        "container c adds ['SYS_ADMIN']", "container c adds capabilities other than NET_BIND_SERVICE: ['SYS_ADMIN']",
+        "container c does not drop ALL capabilities",
+        "container c has no RuntimeDefault or Localhost seccompProfile (neither it nor the pod)"]
+    old_runtime = pod_security.merged(compliant, {"securityContext": {"seccompProfile": {}},
+                                                  "containers": [{"name": "c", "securityContext": {}}]})
+    old_runtime["containers"][0]["securityContext"] = {}
+    del old_runtime["securityContext"]["seccompProfile"]
+    assert pod_security.violations(old_runtime) == [
+        "container c does not drop ALL capabilities",
+        "container c does not set allowPrivilegeEscalation: false",
+        "container c has no RuntimeDefault or Localhost seccompProfile (neither it nor the pod)"]
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_training_pods_meet_the_restricted_pod_security_standard(builds, env):
+    """Issue 30, item 7: the rendered runtime, every TrainJob's pod (runtime + patch) and every PyTorchJob pod pass
+    the restricted Pod Security Standard, for the overlay's profile and for one that leaves the IDs to the platform
+    (OpenShift restricted-v2); without IDs in the profile no pod pins a UID, GID or fsGroup."""
+    objs = builds[env]
+    assert pod_security.violations(runtime_pod(objs)) == []
+    for profile in (load_profile(K8S / "overlays" / env / "profile.yaml"), PLATFORM_IDS):
+        trainjob = k8s_jobs.trainjob_manifest(_job(profile=profile))
+        assert kubernetes_schemas.errors(trainjob) == []
+        pod = trainjob_pod(objs, trainjob)
+        assert pod_security.violations(pod) == [], profile.name
+        pytorchjob = k8s_jobs.pytorchjob_manifest(_job(profile=profile, num_nodes=2))
+        for replica in pytorchjob["spec"]["pytorchReplicaSpecs"].values():
+            assert pod_security.violations(replica["template"]["spec"]) == [], profile.name
+        pinned = {k: v for k, v in pod["securityContext"].items() if k in ("runAsUser", "runAsGroup", "fsGroup")}
+        if profile is PLATFORM_IDS:
+            assert pinned == {}
+        else:
+            assert pinned == {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000}
+
+
+def test_run_as_user_is_optional_and_a_root_uid_is_refused():
+    assert ClusterProfile.model_validate({"security": {}}).security.run_as_user is None
+    with pytest.raises(ValueError, match="run_as_user"):
+        ClusterProfile.model_validate({"security": {"run_as_user": 0}})
+
+
+def test_trainjob_pods_get_no_istio_sidecar_unless_the_profile_asks(builds):
+    """Issue 30, item 4: Istio's sidecar breaks torchrun's rendezvous; the runtime and every TrainJob/PyTorchJob pod
+    carry sidecar.istio.io/inject: "false", and the profile's trainjob.istio_sidecar turns it back on."""
+    for objs in builds.values():
+        (runtime,) = by_kind(objs, "TrainingRuntime").values()
+        template = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+        assert template["metadata"]["labels"][k8s_jobs.ISTIO_INJECT] == "false"
+        for sidecar in (False, True):
+            profile = ClusterProfile.model_validate({"trainjob": {"istio_sidecar": sidecar}})
+            manifest = k8s_jobs.trainjob_manifest(_job(profile=profile))
+            assert kubernetes_schemas.errors(manifest) == []
+            patched = pod_security.merged(template, manifest["spec"]["runtimePatches"][0]["trainingRuntimeSpec"][
+                "template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"])
+            assert patched["metadata"]["labels"][k8s_jobs.ISTIO_INJECT] == str(sidecar).lower()
+            for replica in k8s_jobs.pytorchjob_manifest(_job(profile=profile))["spec"]["pytorchReplicaSpecs"].values():
+                assert replica["template"]["metadata"]["labels"][k8s_jobs.ISTIO_INJECT] == str(sidecar).lower()
+
+
+def test_trainjob_rank_0_pushes_to_the_pushgateway():
+    """Issue 30, item 8: the job's command carries --pushgateway, which `mtlflow train` (the real parser) reads;
+    under torchrun only rank 0 exports (cmd_train's is_main_process guard); without a gateway nothing is added."""
+    from mtlflow.cli import build_parser
+
+    gateway = "http://pushgateway.monitoring.svc:9091"
+    command = k8s_jobs.train_command("/d", "/mnt/mtlflow/checkpoints/runs/k", SPEC, 2, {"batch_size": 8}, gateway)
+    manifest = k8s_jobs.trainjob_manifest(_job(command=command))
+    assert kubernetes_schemas.errors(manifest) == []
+    trainer_command = manifest["spec"]["trainer"]["command"]
+    assert trainer_command[:4] == ["torchrun", "-m", "mtlflow", "train"]
+    args = build_parser().parse_args(trainer_command[3:])
+    assert args.pushgateway == gateway and args.out == "/mnt/mtlflow/checkpoints/runs/k"
+    assert "--pushgateway" not in k8s_jobs.train_command("/d", "/o", SPEC, 2, {"batch_size": 8})
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_overlay_namespaces_are_enabled_for_multi_user_pipelines(builds, env):
+    """Issue 30, item 6: KFP's profile controller provides the kfp-launcher ConfigMap and the object-store Secret
+    only in namespaces labelled pipelines.kubeflow.org/enabled=true; each overlay's namespace (the one its profile
+    names, where the pipeline pods and TrainJobs run) carries the label."""
+    (namespace,) = by_kind(builds[env], "Namespace").values()
+    assert namespace["metadata"]["name"] == load_profile(K8S / "overlays" / env / "profile.yaml").namespace
+    assert namespace["metadata"]["labels"]["pipelines.kubeflow.org/enabled"] == "true"
+    # what the driver reads there is granted to the pipeline account by name
+    (role,) = by_kind(builds[env], "Role").values()
+    granted = {name for rule in role["rules"] for name in rule.get("resourceNames", [])}
+    assert {"kfp-launcher", "mlpipeline-minio-artifact"} <= granted

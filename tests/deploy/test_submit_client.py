@@ -3,7 +3,7 @@
 No Kubeflow Pipelines API server can run on this machine, so the tests start a small HTTP server on
 127.0.0.1 that implements the KFP v2beta1 REST endpoints kfp.Client calls (healthz, experiments,
 pipelines and their versions with multipart uploads, runs, recurring runs with list filters and
-delete), keeps their objects in memory and records every request; the assertions are on what the
+delete; the v1beta1 healthz, the one endpoint that names the backend's release), keeps their objects in memory and records every request; the assertions are on what the
 real kfp.Client sent and on the objects left on the fake server.
 """
 
@@ -48,10 +48,13 @@ class FakeKfpApi(BaseHTTPRequestHandler):
     pipelines: dict = {}
     versions: dict = {}  # version id -> {pipeline_id, pipeline_version_id, display_name, content}
     recurring_runs: dict = {}
+    #: the release /apis/v1beta1/healthz reports (None: the endpoint is missing)
+    backend_version: str | None = "2.17.0"
 
     @classmethod
     def reset(cls) -> None:
         cls.requests, cls.fail_runs, cls.ids = [], False, itertools.count(1)
+        cls.backend_version = "2.17.0"
         cls.experiments, cls.pipelines, cls.versions, cls.recurring_runs = {}, {}, {}, {}
 
     def log_message(self, *args):  # keep pytest output clean
@@ -91,6 +94,8 @@ class FakeKfpApi(BaseHTTPRequestHandler):
                     f"{API}/recurringruns": ("recurringRuns", self.recurring_runs)}
         if path == f"{API}/healthz":
             return self._reply(200, {"multi_user": False})
+        if path == "/apis/v1beta1/healthz" and self.backend_version:
+            return self._reply(200, {"commit_sha": "0123abc", "tag_name": self.backend_version, "multi_user": False})
         if path in listings:
             key, items = listings[path]
             found = [i for i in items.values() if _matches(i, query)
@@ -293,3 +298,39 @@ def test_an_unreachable_host_is_one_line_naming_it(tmp_path):
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("mtlflow: error: connecting to the KFP API at http://127.0.0.1:1 failed")
     assert "check --host" in proc.stderr
+
+
+def _executors(content: bytes) -> dict:
+    _, platform = yaml.safe_load_all(content)
+    return platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+
+
+def test_a_backend_that_rejects_security_context_is_refused_before_any_upload(kfp_api, capsys, tmp_path):
+    """Issue 30, item 3: KFP before 2.16 fails every task carrying a securityContext ("no field named
+    securityContext"). Its release is read from the API and the submission refused with one line naming the fix;
+    a profile with that kfp_backend compiles without securityContext and is accepted; 2.16 and later get it."""
+    host, api = kfp_api
+    api.backend_version = "2.15.2"
+    sweep = ["pipeline", "submit", "--host", host, "--pipeline", "benchmark_sweep", "--param", "epochs=3"]
+    assert main(sweep) == 6
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"the KFP backend at {host} is 2.15.2" in err
+    assert 'set kfp_backend: "2.15.2" in the cluster profile' in err
+    assert _uploads(api) == [] and any(r["path"] == "/apis/v1beta1/healthz" and r["auth"] == "Bearer test-token"
+                                       for r in api.requests)
+    profile = tmp_path / "old-kfp.yaml"
+    profile.write_text("name: old-kfp\nkfp_backend: 2.15.2\n")
+    assert main([*sweep, "--profile", str(profile)]) == 0
+    executors = _executors(_uploads(api)[-1]["body"]["uploadfile"])
+    assert executors and not any("securityContext" in spec for spec in executors.values())
+    api.backend_version = "2.16.0"
+    assert main([*sweep, "--run-name", "new-kfp"]) == 0
+    assert all(spec["securityContext"] == {"runAsNonRoot": True}
+               for spec in _executors(_uploads(api)[-1]["body"]["uploadfile"]).values())
+
+
+def test_a_backend_that_does_not_name_its_release_gets_the_run_and_a_warning(kfp_api, capsys):
+    host, api = kfp_api
+    api.backend_version = None
+    assert main(["pipeline", "submit", "--host", host, "--pipeline", "benchmark_sweep", "--param", "epochs=3"]) == 0
+    assert "does not name its release" in capsys.readouterr().err

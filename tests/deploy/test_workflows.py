@@ -138,8 +138,96 @@ def test_python_set_up_caches_pip_and_installs_cpu_builds_of_the_pinned_torch(na
         patterns = step["with"]["cache-dependency-path"].split()
         for requirements in REQUIREMENTS:
             assert (ROOT / requirements).exists() and any(fnmatch.fnmatch(requirements, p) for p in patterns)
-    assert workflow["env"]["PIP_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    cpu_index = "https://download.pytorch.org/whl/cpu"
+    if name == "pull-request.yml":  # nothing there builds the image
+        assert workflow["env"]["PIP_EXTRA_INDEX_URL"] == cpu_index
+    else:  # every job but the image's, which must get the CUDA build (test_the_image_job_never_sees_the_cpu_index)
+        assert {job: spec.get("env", {}).get("PIP_EXTRA_INDEX_URL") for job, spec in workflow["jobs"].items()} == {
+            "test": cpu_index, "data-version": cpu_index, "retrain": cpu_index, "image": None}
     # exact pins without a local label: `==2.14.1` is satisfied by 2.14.1+cpu and by the CUDA build alike
     pins = (ROOT / "requirements.txt").read_text().splitlines()
     for package in ("torch", "torchvision"):
         assert any(re.fullmatch(rf"{package}==\d+(\.\d+)+", line) for line in pins), package
+
+
+def test_the_image_job_never_sees_the_cpu_index():
+    """With PIP_EXTRA_INDEX_URL=.../whl/cpu in the workflow's env, `pip wheel` for the image would take 2.14.1+cpu for
+    `torch==2.14.1` (issue 30, item 1): the CPU index is scoped to the jobs that test, and the image job checks the
+    built image's torch before pushing it."""
+    text = (WORKFLOWS / "retrain.yml").read_text()
+    workflow = load("retrain.yml")
+    assert "PIP_EXTRA_INDEX_URL" not in workflow.get("env", {})
+    image = workflow["jobs"]["image"]
+    assert "PIP_EXTRA_INDEX_URL" not in str(image)
+    names = [step.get("name", step.get("uses", "")) for step in image["steps"]]
+    build = next(n for n, s in enumerate(image["steps"]) if "make image " in s.get("run", "") + " ")
+    check = next(n for n, s in enumerate(image["steps"]) if "torch.version.cuda" in s.get("run", ""))
+    push = next(n for n, s in enumerate(image["steps"]) if "docker push" in s.get("run", ""))
+    assert build < check < push, names
+    assert "PIP_EXTRA_INDEX_URL" not in text.split("\n  image:", 1)[1].split("\n  retrain:", 1)[0]
+
+
+@pytest.mark.parametrize("cuda, version, passes", [("13.0", "2.14.1", True), (None, "2.14.1+cpu", False)])
+def test_the_cuda_check_fails_on_a_cpu_torch(tmp_path, cuda, version, passes):
+    """The image job's own check step, run with a stand-in `docker` that runs the command on this machine against
+    a stand-in torch module of the given build (no image can be built here)."""
+    step, = (s for s in load("retrain.yml")["jobs"]["image"]["steps"] if "torch.version.cuda" in s.get("run", ""))
+    fake_torch = tmp_path / "torch"
+    fake_torch.mkdir()
+    (fake_torch / "__init__.py").write_text(f"__version__ = {version!r}\n"
+                                             f"class version:\n    cuda = {cuda!r}\n")
+    docker = tmp_path / "bin" / "docker"
+    docker.parent.mkdir()
+    # `docker run --rm IMAGE CMD...` -> CMD..., with `python` the interpreter running the tests
+    docker.write_text(f'#!/bin/bash\n[ "$1 $2" = "run --rm" ] || exit 99\nshift 4\nexec {sys.executable} "$@"\n')
+    docker.chmod(0o755)
+    done = subprocess.run(["bash", "-e", "-c", step["run"]], capture_output=True, text=True, timeout=60,
+                          env={"PATH": f"{docker.parent}:/usr/bin:/bin", "IMAGE": "reg.example/m:1",
+                               "PYTHONPATH": str(tmp_path)})
+    assert (done.returncode == 0) == passes, done.stdout + done.stderr
+    assert f"torch {version} CUDA {cuda}" in done.stdout
+    if not passes:
+        assert "the image holds a CPU-only torch" in done.stderr
+
+
+def test_the_ci_image_builds_on_a_hosted_runner_from_a_pinned_registry_base():
+    """A hosted runner has no debootstrap and about 14 GB free (issue 30, item 2): the image job builds on a
+    python:3.11-slim-bookworm pinned by digest with PyPI inside the build (PIP_SOURCE=index: no wheels/ on the
+    runner), after freeing disk; `make image` without those settings keeps the offline debootstrap path."""
+    workflow = load("retrain.yml")
+    assert re.fullmatch(r"python:3\.11-slim-bookworm@sha256:[0-9a-f]{64}", workflow["env"]["CI_BASE_IMAGE"])
+    image = workflow["jobs"]["image"]
+    steps = image["steps"]
+    build = next(n for n, s in enumerate(steps) if "make image " in s.get("run", "") + " ")
+    assert 'BASE_IMAGE="$CI_BASE_IMAGE"' in steps[build]["run"] and "PIP_SOURCE=index" in steps[build]["run"]
+    free = next(n for n, s in enumerate(steps) if "df " in s.get("run", ""))
+    assert free < build and "rm -rf /usr/share/dotnet" in steps[free]["run"]
+    assert "debootstrap" not in runs(image) and "make wheels" not in runs(image)
+    dry = subprocess.run(["make", "-n", "image", "PIP_SOURCE=index", "IMAGE=reg.example/m:t", "GIT_REV=abc",
+                          f"BASE_IMAGE={workflow['env']['CI_BASE_IMAGE']}"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    build_line = " ".join(dry.stdout.replace("\\\n", " ").split())
+    assert f"docker build --build-arg BASE_IMAGE={workflow['env']['CI_BASE_IMAGE']} --build-arg PIP_OPTIONS= " \
+        "--build-arg GIT_REV=abc -t reg.example/m:t ." in build_line
+    assert "pip wheel" not in dry.stdout and "base-image.sh" not in dry.stdout
+    assert "--network none" not in dry.stdout
+    wrong = subprocess.run(["make", "-n", "image", "PIP_SOURCE=pypi"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=60)
+    assert wrong.returncode != 0 and "PIP_SOURCE=pypi is neither wheels" in wrong.stderr
+
+
+def test_the_build_context_is_the_sources_only():
+    """What `docker build` sends, by .dockerignore's own rules (docker-py's implementation of them): without wheels/
+    (empty in CI) a few MB, not the 3.5 GB of a working tree with a venv, data and runs."""
+    from docker.utils.build import exclude_paths
+
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    sent = exclude_paths(str(ROOT), patterns)
+    outside_wheels = [f for f in sent if not f.startswith("wheels/") and (ROOT / f).is_file()]
+    size = sum((ROOT / f).stat().st_size for f in outside_wheels)
+    assert size < 20e6, sorted(outside_wheels, key=lambda f: -(ROOT / f).stat().st_size)[:10]
+    for needed in ("requirements.txt", "constraints.txt", "pyproject.toml", "setup.py", "src/mtlflow/__init__.py"):
+        assert needed in sent, needed
+    assert not any(f.startswith((".venv/", ".git/", "data/", "runs/", "tests/")) for f in sent)

@@ -6,8 +6,8 @@ environment (``k8s/overlays/<env>/profile.yaml``), read by ``mtlflow pipeline co
 the pipelines apply it to every task at compile time (:mod:`mtlflow.pipelines.cluster`) and the
 ``launch_trainjob`` component to the TrainJobs it creates (:mod:`mtlflow.ops.k8s_jobs`).
 
-Without a profile the defaults below apply: NVIDIA GPU Operator labels and taint, UID/GID 1000 (the
-image's user), no pull Secret.
+Without a profile the defaults below apply: NVIDIA GPU Operator labels and taint, the platform's UID (the
+image's user 1000 on plain Kubernetes), no fsGroup, no pull Secret.
 """
 
 from __future__ import annotations
@@ -74,10 +74,15 @@ class Accelerator(_Strict):
 
 
 class TrainJobNode(_Strict):
-    """A TrainJob node's CPU and memory per GPU; a node gets them times its GPU count."""
+    """A TrainJob node's CPU and memory per GPU (a node gets them times its GPU count), how long a TrainJob
+    may run, and whether Istio injects its sidecar into the TrainJob pods."""
 
     cpu_per_gpu: float = Field(8.0, gt=0)
     memory_per_gpu: str = "32Gi"
+    deadline_seconds: int = Field(24 * 3600, ge=60, description="activeDeadlineSeconds of a TrainJob: the most "
+                                  "a cancelled run's job can keep its GPUs when nothing else deletes it")
+    istio_sidecar: bool = Field(False, description="let Istio inject its sidecar into TrainJob pods; off, since "
+                                "the sidecar breaks torchrun's rendezvous (the pods are then outside the mesh)")
 
     @field_validator("memory_per_gpu")
     @classmethod
@@ -96,12 +101,34 @@ class TrainJobNode(_Strict):
 
 
 class PodSecurity(_Strict):
-    """Who the pods run as. ``fs_group`` makes mounted volumes group-writable where the volume driver
-    applies fsGroup (block volumes); NFS/EFS/CephFS exports must grant that group themselves."""
+    """Who the pods run as. Every pod runs non-root whatever is set here; ``run_as_user``/``run_as_group``
+    unset (the default) leave the user to the platform: the image's ``USER 1000:0`` on plain Kubernetes, a UID
+    of the namespace's range on OpenShift (whose restricted-v2 SCC rejects a fixed UID outside it).
+    ``fs_group`` makes mounted volumes group-writable where the volume driver applies fsGroup (block
+    volumes); NFS/EFS/CephFS exports must grant that group themselves. Unset (the default), OpenShift's SCC
+    picks it from the namespace's range, and plain Kubernetes applies none."""
 
-    run_as_user: int = Field(1000, ge=1)
-    run_as_group: int = Field(1000, ge=0)
-    fs_group: int = Field(1000, ge=0)
+    run_as_user: int | None = Field(None, ge=1)
+    run_as_group: int | None = Field(None, ge=0)
+    fs_group: int | None = Field(None, ge=0)
+
+
+#: KFP backends before this release reject a task's ``securityContext`` in the executor config ("no field named
+#: securityContext" when the driver unmarshals it)
+TASK_SECURITY_CONTEXT_SINCE = (2, 16)
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)(\.\d+)?([-+.].*)?$")
+
+
+def version_tuple(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a release name such as ``2.15.1`` or ``v2.16.0-rc.1``; None when it is not one."""
+    match = _VERSION.match(version.strip())
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def supports_task_security_context(kfp_backend: str) -> bool:
+    """Whether a KFP backend of this release accepts the tasks' ``securityContext``."""
+    version = version_tuple(kfp_backend)
+    return version is None or version >= TASK_SECURITY_CONTEXT_SINCE
 
 
 def _default_resources() -> dict[str, TaskResources]:
@@ -122,6 +149,21 @@ class ClusterProfile(_Strict):
     trainjob: TrainJobNode = TrainJobNode()
     security: PodSecurity = PodSecurity()
     image_pull_secrets: tuple[str, ...] = ()
+    gpu_quota: int | None = Field(None, ge=1, description="accelerators the namespace's ResourceQuota grants "
+                                  "(requests.<accelerator>): caps the sweep's concurrent training tasks")
+    kfp_backend: str = Field("", description="release of the cluster's KFP backend, e.g. '2.15.0' ('' = 2.16 or "
+                             "later): before 2.16 the tasks are compiled without securityContext")
+
+    @field_validator("kfp_backend")
+    @classmethod
+    def _release(cls, value: str) -> str:
+        if value and version_tuple(value) is None:
+            raise ValueError(f"{value!r} is not a KFP release; write e.g. \"2.15.0\"")
+        return value
+
+    def task_security_context(self) -> bool:
+        """Whether the compiled tasks carry a securityContext (the backend accepts one)."""
+        return supports_task_security_context(self.kfp_backend)
 
     @field_validator("resources")
     @classmethod

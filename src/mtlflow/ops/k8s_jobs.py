@@ -11,6 +11,15 @@ the ``PET_*`` environment variables both operators set (``PET_NNODES``, ``PET_NP
   reach its pods through ``spec.runtimePatches``.
 * ``PyTorchJob`` (``kubeflow.org/v1``) for clusters with only training-operator v1 carries them itself.
 
+Pods: non-root with ``seccompProfile: RuntimeDefault``, no privilege escalation and every capability dropped
+(the restricted Pod Security Standard; the UID is the profile's or the platform's), and no Istio sidecar
+unless the profile asks for one (it breaks torchrun's rendezvous).
+
+Cancellation: the job is owned by the launcher's pod (an ``ownerReference``, when both are in one
+namespace), so the garbage collector deletes it with that pod; the launcher deletes it itself when it is
+terminated (SIGTERM: the run was cancelled or the task timed out, :func:`deleted_on_termination`); and
+``activeDeadlineSeconds`` (the profile's ``trainjob.deadline_seconds``) bounds it when neither happens.
+
 Lifecycle (:func:`run_job`, :func:`delete_job`): a job whose inputs (the digest of its spec) match and
 that has not failed is re-attached by a retried launcher; a failed one, or one of other inputs, is
 deleted and created anew; a failed job is deleted after its failure is read, a finished one after the
@@ -21,12 +30,15 @@ The manifests are plain dicts (no API server is needed to build them); the API i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import re
+import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from mtlflow.config.cluster import ClusterProfile
 from mtlflow.config.pipeline import JOB_KINDS
@@ -42,6 +54,12 @@ PART_OF = {"app.kubernetes.io/part-of": "mtlflow"}
 #: annotation holding the digest of a job's spec: a retry re-attaches only to a job of the same inputs
 SPEC_DIGEST = "mtlflow/spec-digest"
 PATCH_MANAGER = "mtlflow/launch-trainjob"
+#: label of a job with the id of the pipeline run that launched it
+RUN_ID_LABEL = "mtlflow/run-id"
+#: Istio's switch for its sidecar, as a pod label (Istio >= 1.10 honours the label over the annotation)
+ISTIO_INJECT = "sidecar.istio.io/inject"
+#: the container part of the restricted Pod Security Standard
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 class JobFailedError(MtlflowError):
@@ -71,6 +89,9 @@ class DistributedTraining:
     env: Mapping[str, str] = field(default_factory=dict)
     profile: ClusterProfile = field(default_factory=ClusterProfile)
     timeout_seconds: int = 24 * 3600
+    #: the launcher pod as an ownerReference (:func:`launcher_owner`); None: the job has no owner
+    owner: Mapping[str, Any] | None = None
+    run_id: str = ""
 
     def validate(self) -> None:
         if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", self.name):
@@ -94,10 +115,13 @@ def job_name(run_key: str, prefix: str = "mtlflow") -> str:
 
 
 def train_command(data_dir: str, run_dir: str, run_spec: str, epochs: int,
-                  train_options: Mapping[str, Any]) -> list[str]:
-    """``torchrun -m mtlflow train ...`` for one run spec; always ``--resume`` so a restarted job continues."""
+                  train_options: Mapping[str, Any], pushgateway: str = "") -> list[str]:
+    """``torchrun -m mtlflow train ...`` for one run spec; always ``--resume`` so a restarted job continues.
+    With ``pushgateway`` the run pushes its telemetry there (``mtlflow train`` exports from rank 0 only)."""
     spec = json.loads(run_spec)
     command = ["torchrun", "-m", "mtlflow", "train", "--data", data_dir, "--out", run_dir, "--resume", "--no-progress"]
+    if pushgateway:
+        command += ["--pushgateway", pushgateway]
     return command + train_arguments({"method": spec["method"], "seed": int(spec["seed"]), "epochs": int(epochs),
                                       "hparams": spec.get("hparams") or None, "tasks": spec.get("tasks") or None,
                                       **train_options})
@@ -114,15 +138,39 @@ def _env(job: DistributedTraining) -> list[dict[str, str]]:
     return [{"name": k, "value": str(v)} for k, v in sorted(job.env.items())]
 
 
-def _pod_scheduling(profile: ClusterProfile) -> dict[str, Any]:
-    """The profile's part of a training pod's spec: GPU nodes, the image's user and the volumes' group
-    (``OnRootMismatch``: a large volume is not re-chowned at every start), pull Secrets."""
+def pod_security_context(profile: ClusterProfile) -> dict[str, Any]:
+    """A training pod's securityContext: non-root with the runtime's default seccomp profile, the profile's
+    UID/GID when it sets them (else the platform's), and the volumes' group (``OnRootMismatch``: a large
+    volume is not re-chowned at every start)."""
     security = profile.security
+    context: dict[str, Any] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    if security.run_as_user is not None:
+        context["runAsUser"] = security.run_as_user
+    if security.run_as_group is not None:
+        context["runAsGroup"] = security.run_as_group
+    if security.fs_group is not None:
+        context.update(fsGroup=security.fs_group, fsGroupChangePolicy="OnRootMismatch")
+    return context
+
+
+def _pod_labels(job: DistributedTraining) -> dict[str, str]:
+    return {**PART_OF, ISTIO_INJECT: "true" if job.profile.trainjob.istio_sidecar else "false"}
+
+
+def _job_metadata(job: DistributedTraining) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": job.name, "namespace": job.namespace, "labels": dict(PART_OF)}
+    if job.run_id:
+        metadata["labels"][RUN_ID_LABEL] = re.sub(r"[^A-Za-z0-9_.-]", "-", job.run_id)[:63].strip("-_.")
+    if job.owner:
+        metadata["ownerReferences"] = [dict(job.owner)]
+    return metadata
+
+
+def _pod_scheduling(profile: ClusterProfile) -> dict[str, Any]:
+    """The profile's part of a training pod's spec: GPU nodes, the security context, pull Secrets."""
     pod: dict[str, Any] = {
         "nodeSelector": dict(profile.node_selector), "tolerations": profile.tolerations_manifest(),
-        "securityContext": {"runAsUser": security.run_as_user, "runAsGroup": security.run_as_group,
-                            "runAsNonRoot": True, "fsGroup": security.fs_group,
-                            "fsGroupChangePolicy": "OnRootMismatch"}}
+        "securityContext": pod_security_context(profile)}
     if profile.image_pull_secrets:
         pod["imagePullSecrets"] = [{"name": name} for name in profile.image_pull_secrets]
     return pod
@@ -139,11 +187,13 @@ def trainjob_manifest(job: DistributedTraining, runtime: str = TRAINING_RUNTIME,
     """A Kubeflow Trainer ``TrainJob`` running ``job.command`` on ``job.num_nodes`` GPU nodes; the
     controller fails it after ``job.timeout_seconds`` (``activeDeadlineSeconds``)."""
     job.validate()
-    pod_patch = {"template": {"spec": {"template": {"spec": _pod_scheduling(job.profile)}}}}
+    pod_spec = {**_pod_scheduling(job.profile),
+                "containers": [{"name": TRAINER_NODE, "securityContext": dict(CONTAINER_SECURITY)}]}
+    pod_patch = {"template": {"spec": {"template": {"metadata": {"labels": _pod_labels(job)}, "spec": pod_spec}}}}
     return _with_digest({
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
-        "metadata": {"name": job.name, "namespace": job.namespace, "labels": dict(PART_OF)},
+        "metadata": _job_metadata(job),
         "spec": {
             "runtimeRef": {"name": runtime, "apiGroup": "trainer.kubeflow.org", "kind": runtime_kind},
             "activeDeadlineSeconds": job.timeout_seconds,
@@ -168,9 +218,10 @@ def pytorchjob_manifest(job: DistributedTraining, backoff_limit: int = 3) -> dic
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
         return {"replicas": replicas, "restartPolicy": "OnFailure", "template": {
-            "metadata": {"labels": dict(PART_OF)},
+            "metadata": {"labels": _pod_labels(job)},
             "spec": {"containers": [{"name": "pytorch", "image": job.image, "command": list(job.command),
-                                     "env": _env(job), "resources": _resources(job), "volumeMounts": mounts}],
+                                     "env": _env(job), "resources": _resources(job), "volumeMounts": mounts,
+                                     "securityContext": dict(CONTAINER_SECURITY)}],
                      "volumes": volumes, **_pod_scheduling(job.profile)}}}
 
     specs = {"Master": replica(1)}
@@ -179,7 +230,7 @@ def pytorchjob_manifest(job: DistributedTraining, backoff_limit: int = 3) -> dic
     return _with_digest({
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
-        "metadata": {"name": job.name, "namespace": job.namespace, "labels": dict(PART_OF)},
+        "metadata": _job_metadata(job),
         "spec": {"nprocPerNode": str(job.gpus_per_node),
                  "runPolicy": {"backoffLimit": backoff_limit, "cleanPodPolicy": "None",
                                "activeDeadlineSeconds": job.timeout_seconds},
@@ -266,10 +317,11 @@ def run_job(manifest: Mapping[str, Any], api: Any, timeout_seconds: float = 24 *
     deletes (:func:`delete_job`) once it has collected the result.
 
     An existing job of the same name is re-attached only when its spec digest matches and it has not
-    failed (a retried launcher); otherwise it is deleted and created anew. A failed job is deleted
-    after its failure is read (its checkpoints stay on the PVC: the next try resumes from them) and
-    :class:`JobFailedError` raised; on timeout the job keeps running (a retry re-attaches) until its
-    ``activeDeadlineSeconds``."""
+    failed (a retried launcher); otherwise it is deleted and created anew. A create that the namespace's
+    quota refuses is retried every ``poll_seconds`` within ``timeout_seconds``: a full quota is waited for,
+    not failed on. A failed job is deleted after its failure is read (its checkpoints stay on the PVC:
+    the next try resumes from them) and :class:`JobFailedError` raised; on timeout the job keeps running
+    (a retry re-attaches) until its ``activeDeadlineSeconds``."""
     kind, (_, _, namespace, _, name) = manifest["kind"], _ref(manifest)
     digest = manifest["metadata"]["annotations"][SPEC_DIGEST]
     existing = _get(api, manifest)
@@ -281,15 +333,9 @@ def run_job(manifest: Mapping[str, Any], api: Any, timeout_seconds: float = 24 *
             log(f"deleting {kind} {namespace}/{name} ({'failed' if same_inputs else 'other inputs'}) to create it anew")
             delete_job(manifest, api, sleep=sleep, clock=clock)
             existing = None
-    if existing is None:
-        try:
-            group, version, _, plural, _ = _ref(manifest)
-            api.create_namespaced_custom_object(group, version, namespace, plural, dict(manifest))
-        except Exception as exc:
-            raise JobFailedError(f"could not create {kind} {namespace}/{name}: {_api_error(exc)}; check the "
-                                 "pipeline pods' RBAC (k8s/base/rbac.yaml), the CRD and the namespace's quota") \
-                from None
     deadline = clock() + timeout_seconds
+    if existing is None:
+        _create_when_the_quota_admits(manifest, api, deadline, poll_seconds, sleep, clock, log)
     while True:
         obj = _get(api, manifest)
         if obj is None:
@@ -308,6 +354,83 @@ def run_job(manifest: Mapping[str, Any], api: Any, timeout_seconds: float = 24 *
         sleep(poll_seconds)
 
 
+def launcher_owner(core_api: Any, namespace: str, pod_name: str | None = None,
+                   log: Callable[[str], None] = print) -> dict[str, Any] | None:
+    """The launcher's own pod (``$HOSTNAME``, the pod's name) as an ownerReference for a job in
+    ``namespace``, so that the garbage collector deletes the job with the pod; None, with one logged line,
+    when the pod is in another namespace (an owner in another namespace counts as absent, and the collector
+    would delete the job at once) or cannot be read. ``core_api``: a ``CoreV1Api``-like object."""
+    pod_name = pod_name or os.environ.get("HOSTNAME", "")
+    own_namespace = current_namespace(default="")
+    if not pod_name or own_namespace != namespace:
+        log(f"the job in {namespace!r} gets no owner: the launcher pod {pod_name!r} is in {own_namespace or 'no'} "
+            "namespace; a cancelled run's job then stops at its deadline or at the launcher's termination")
+        return None
+    try:
+        pod = core_api.read_namespaced_pod(pod_name, namespace)
+    except Exception as exc:
+        log(f"the job gets no owner: could not read the launcher pod {namespace}/{pod_name} ({_api_error(exc)})")
+        return None
+    # no blockOwnerDeletion: it needs the right to update the pod's finalizers, which the Role does not grant
+    return {"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name, "uid": pod.metadata.uid}
+
+
+@contextlib.contextmanager
+def deleted_on_termination(manifest: Mapping[str, Any], api: Any,
+                           log: Callable[[str], None] = print) -> Iterator[None]:
+    """While the launcher waits for its job: on SIGTERM (the run was cancelled, or the task timed out and
+    the pod is stopped) delete the job, so its GPUs are freed, then exit with 143 as a terminated process."""
+    kind, (_, _, namespace, _, name) = manifest["kind"], _ref(manifest)
+
+    def terminate(signum: int, frame: Any) -> None:
+        log(f"terminated: deleting {kind} {namespace}/{name}")
+        try:
+            delete_job(manifest, api, timeout_seconds=20.0, poll_seconds=1.0)
+        except JobFailedError as exc:
+            log(str(exc))
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _over_quota(exc: Exception) -> bool:
+    """A create refused because the namespace's ResourceQuota is used up (403 "exceeded quota")."""
+    return getattr(exc, "status", None) == 403 and "exceeded quota" in _api_error(exc)
+
+
+def _create_when_the_quota_admits(manifest: Mapping[str, Any], api: Any, deadline: float, poll_seconds: float,
+                                  sleep: Callable[[float], None], clock: Callable[[], float],
+                                  log: Callable[[str], None]) -> None:
+    """Create the job; while the namespace's quota refuses it (other jobs hold it), wait and try again until
+    ``deadline``, logging the wait once -- a full quota is a queue, not a failure."""
+    kind, (group, version, namespace, plural, name) = manifest["kind"], _ref(manifest)
+    waiting_since = None
+    while True:
+        try:
+            api.create_namespaced_custom_object(group, version, namespace, plural, dict(manifest))
+        except Exception as exc:
+            if not _over_quota(exc):
+                raise JobFailedError(f"could not create {kind} {namespace}/{name}: {_api_error(exc)}; check the "
+                                     "pipeline pods' RBAC (k8s/base/rbac.yaml) and the CRD") from None
+            if waiting_since is None:
+                waiting_since = clock()
+                log(f"waiting for quota: {kind} {namespace}/{name} is refused ({_api_error(exc)}); retrying every "
+                    f"{poll_seconds:.0f} s until other jobs finish")
+            if clock() >= deadline:
+                raise JobFailedError(f"{kind} {namespace}/{name} waited {clock() - waiting_since:.0f} s for the "
+                                     f"namespace's quota and was still refused ({_api_error(exc)}); lower the "
+                                     "parallelism or raise the quota (k8s/overlays/<env>)") from None
+            sleep(poll_seconds)
+            continue
+        if waiting_since is not None:
+            log(f"quota admitted {kind} {namespace}/{name} after {clock() - waiting_since:.0f} s")
+        return
+
+
 def current_namespace(default: str = "default") -> str:
     """The namespace of the pod this runs in (service-account mount), else ``default``."""
     from pathlib import Path
@@ -316,12 +439,26 @@ def current_namespace(default: str = "default") -> str:
     return path.read_text().strip() if path.is_file() else default
 
 
-def custom_objects_api() -> Any:
-    """An in-cluster ``CustomObjectsApi`` (falls back to the local kube config)."""
-    from kubernetes import client, config
+def _load_config() -> None:
+    from kubernetes import config
 
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
+
+
+def custom_objects_api() -> Any:
+    """An in-cluster ``CustomObjectsApi`` (falls back to the local kube config)."""
+    from kubernetes import client
+
+    _load_config()
     return client.CustomObjectsApi()
+
+
+def core_api() -> Any:
+    """An in-cluster ``CoreV1Api`` (falls back to the local kube config)."""
+    from kubernetes import client
+
+    _load_config()
+    return client.CoreV1Api()

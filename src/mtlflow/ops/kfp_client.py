@@ -8,6 +8,11 @@ SHA-256 of the compiled package, so it is uploaded once per pipeline content and
 recurring run links to the exact version it ran. ``schedule`` is idempotent: it keeps one recurring
 run per name in the experiment, replacing one whose version, cron or parameters differ.
 
+Backend version: before a package whose tasks carry a ``securityContext`` is uploaded, the backend's release is
+read (``tag_name`` of ``/apis/v1beta1/healthz``; v2beta1's healthz names none): a backend before 2.16 would
+fail every task ("no field named securityContext"), so submitting to one is refused with one line naming
+the profile's ``kfp_backend`` setting, which compiles without it.
+
 Authentication: ``$MTLFLOW_KFP_TOKEN`` (a bearer token, e.g. a service-account token in CI) when
 set; otherwise kfp's own defaults (in-cluster credentials, ``~/.config/kfp/context.json`` cookies).
 """
@@ -17,11 +22,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from mtlflow.config.cluster import TASK_SECURITY_CONTEXT_SINCE, supports_task_security_context, version_tuple
 from mtlflow.config.pipeline import validate_cron
 from mtlflow.core.errors import InvalidParameterError, MtlflowError
 
@@ -75,6 +82,46 @@ def _client(host: str, namespace: str | None = None) -> Any:
                 logging.disable(logging.NOTSET)
 
     return _call("connecting to the KFP API", host, connect)
+
+
+def backend_version(client: Any) -> str | None:
+    """The release of the KFP backend ``client`` talks to (``2.15.0``), None when the server does not say:
+    ``tag_name`` of the v1beta1 healthz, with the client's credentials (kfp.Client has no public call for it)."""
+    api_client = client._healthz_api.api_client
+    try:
+        body = api_client.call_api("/apis/v1beta1/healthz", "GET", response_type="object", auth_settings=["Bearer"],
+                                   _return_http_data_only=True)
+    except Exception:  # an older or newer server without the v1beta1 API: the version is unknown
+        return None
+    tag = (body or {}).get("tag_name") if isinstance(body, dict) else None
+    return tag if tag and version_tuple(tag) else None
+
+
+def _tasks_with_security_context(package: Path) -> list[str]:
+    import yaml
+
+    documents = list(yaml.safe_load_all(package.read_text()))
+    executors = {}
+    for document in documents[1:]:
+        executors.update((((document or {}).get("platforms") or {}).get("kubernetes") or {})
+                         .get("deploymentSpec", {}).get("executors", {}))
+    return sorted(name for name, spec in executors.items() if "securityContext" in spec)
+
+
+def check_backend(client: Any, host: str, package: Path) -> str | None:
+    """Refuse (:class:`SubmissionError`) a package whose tasks carry a securityContext when the backend is older
+    than 2.16; returns the backend's release (None: unknown, said on stderr, and submitted)."""
+    tasks = _tasks_with_security_context(package)
+    version = backend_version(client)
+    if tasks and version is None:
+        print(f"warning: the KFP backend at {host} does not name its release; its tasks' securityContext needs KFP "
+              f">= {'.'.join(map(str, TASK_SECURITY_CONTEXT_SINCE))}", file=sys.stderr)
+    elif tasks and not supports_task_security_context(version):
+        since = ".".join(map(str, TASK_SECURITY_CONTEXT_SINCE))
+        raise SubmissionError(f"the KFP backend at {host} is {version}: before {since} its driver rejects the tasks' "
+                              f"securityContext ({len(tasks)} tasks carry one); set kfp_backend: \"{version}\" in the "
+                              f"cluster profile (--profile) to compile without it, or upgrade KFP to >= {since}")
+    return version
 
 
 def _equals(key: str, value: str) -> str:
@@ -149,6 +196,7 @@ def submit(host: str, pipeline: str, params: Mapping[str, Any], experiment: str 
     with tempfile.TemporaryDirectory(prefix="mtlflow-submit-") as tmp:
         package = _compiled(pipeline, params, Path(tmp), enable_caching)
         client = _client(host, namespace)
+        check_backend(client, host, package)
         version = pipeline_version(client, host, package, namespace)
         exp = _call("creating the experiment", host, client.create_experiment, name=experiment, namespace=namespace)
         name = run_name or f"{package.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -184,6 +232,7 @@ def schedule(host: str, pipeline: str, cron: str, params: Mapping[str, Any], exp
     with tempfile.TemporaryDirectory(prefix="mtlflow-schedule-") as tmp:
         package = _compiled(pipeline, params, Path(tmp))
         client = _client(host, namespace)
+        check_backend(client, host, package)
         version = pipeline_version(client, host, package, namespace)
         exp = _call("creating the experiment", host, client.create_experiment, name=experiment, namespace=namespace)
         name = job_name or f"{package.stem}-nightly"
