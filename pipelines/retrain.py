@@ -3,11 +3,17 @@ the champion.
 
     ExitHandler(record_status) {
       prepare_data (pull data_version or prepare + DVC push) → plan_run → train (GPU, resumable)
-        → evaluate (test) → compare_to_champion ── If(better) → promote (model store, atomic)
+        → evaluate (test) → compare_to_champion (candidate AND champion on the new test split)
+        ── If(better) → promote (model store, atomic)
     }
 
-The champion's stored metrics live in the model store (``<storage>/models/<benchmark>/champion.json``,
-on the models PVC on the cluster). ``promote`` re-checks the comparison under the store's lock.
+The champion lives in the model store (``<storage>/models/<benchmark>/champion.json``, on the models
+PVC on the cluster). ``compare_to_champion`` takes the new prepared data and evaluates the candidate
+and the champion's ``model.pt`` on its test split: the champion's stored metrics, measured on the data
+version it was trained on, are never compared. It promotes when the candidate is better with confidence
+(paired bootstrap over the test examples, Bonferroni over the tasks; :mod:`mtlflow.metrics.paired`) by at
+least ``min_improvement``. ``promote`` stores the decision with the model and checks, under the store's
+lock, that the decision was made against the champion still in place.
 """
 
 from kfp import dsl
@@ -28,8 +34,8 @@ def build_retrain(parallelism: int = PARALLELISM, storage_root: str = CLUSTER_RO
     """``parallelism`` is unused (one run) and accepted for the common factory signature."""
     layout = StorageLayout(storage_root)
 
-    @dsl.pipeline(name="mtlflow-retrain", description="Retrain one method on a new data version, evaluate it "
-                  "against the champion's stored test metrics and promote it to the model store if better.")
+    @dsl.pipeline(name="mtlflow-retrain", description="Retrain one method on a new data version, evaluate it and "
+                  "the champion on the new test split and promote it to the model store if better with confidence.")
     def retrain(
         benchmark: str = DEFAULTS["benchmark"],
         data_options: dict = DEFAULTS["data_options"],
@@ -52,14 +58,17 @@ def build_retrain(parallelism: int = PARALLELISM, storage_root: str = CLUSTER_RO
                                "retrain")
             trained.set_display_name("train candidate")
             scored = cluster.light(evaluate(data=prep.outputs["data"], run=trained.outputs["run"], split="test"))
-            decision = compare_to_champion(run=trained.outputs["run"], evaluation=scored.outputs["evaluation"],
-                                           model_store=layout.models, min_improvement=min_improvement)
+            decision = compare_to_champion(run=trained.outputs["run"], data=prep.outputs["data"],
+                                           model_store=layout.models, min_improvement=min_improvement,
+                                           pushgateway=pushgateway, pipeline_name="retrain",
+                                           run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER)
             decision.set_display_name("compare with champion")
             cluster.mount(cluster.uncached(cluster.light(decision)), layout, "mtlflow-models")
-            with dsl.If(decision.output == True, name="better-than-champion"):  # noqa: E712 (KFP condition)
+            promote_it = decision.outputs["Output"] == True  # noqa: E712 (a KFP condition, not a Python comparison)
+            with dsl.If(promote_it, name="better-than-champion"):
                 promoted = promote(run=trained.outputs["run"], evaluation=scored.outputs["evaluation"],
-                                   data=prep.outputs["data"], model_store=layout.models,
-                                   min_improvement=min_improvement)
+                                   decision=decision.outputs["decision"], data=prep.outputs["data"],
+                                   model_store=layout.models)
                 promoted.set_display_name("promote to model store")
                 cluster.mount(cluster.uncached(cluster.light(promoted)), layout, "mtlflow-models")
 

@@ -6,32 +6,36 @@ from mtlflow.components.image import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def compare_to_champion(run: dsl.Input[dsl.Artifact], evaluation: dsl.Input[dsl.Artifact], model_store: str,
-                        min_improvement: float) -> bool:
-    """True when the evaluated run beats the champion's stored test metrics by more than
-    ``min_improvement`` (mean primary-metric error over tasks), or when there is no champion yet."""
+def compare_to_champion(run: dsl.Input[dsl.Artifact], data: dsl.Input[dsl.Dataset], model_store: str,
+                        min_improvement: float, decision: dsl.Output[dsl.Artifact], metrics: dsl.Output[dsl.Metrics],
+                        pushgateway: str = "", pipeline_name: str = "", run_name: str = "") -> bool:
+    """Evaluate the candidate ``run`` and the model store's champion on the same test split, ``data``'s
+    (the new data version), and return True when the candidate is better with confidence (paired
+    bootstrap over test examples, Bonferroni over tasks) by at least ``min_improvement``, or when there is
+    no champion yet. The decision record goes to ``decision`` (for ``promote``), the model store's
+    ``decisions/``, the UI (``metrics``: both models' metrics on the split, the intervals, n) and
+    Prometheus (``pushgateway``)."""
     from mtlflow.jobs import pipeline_steps
 
-    return pipeline_steps.compare_to_champion(run.path, evaluation.path, model_store, min_improvement)
+    outcome = pipeline_steps.compare_to_champion(run.path, data.path, model_store, min_improvement, decision.path,
+                                                 pushgateway, pipeline_name, run_name)
+    record = outcome["decision"]
+    decision.metadata.update({"promote": outcome["promote"], "reason": record["reason"], "split": record["split"],
+                              "data_hash": record["data_hash"],
+                              "champion": record["champion"]["version"] if record["champion"] else None,
+                              "rule": record["gate"]["rule"] if record["gate"] else "no champion: promote"})
+    for name, value in outcome["metrics"].items():
+        metrics.log_metric(name, value)
+    return outcome["promote"]
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def promote(run: dsl.Input[dsl.Artifact], evaluation: dsl.Input[dsl.Artifact], data: dsl.Input[dsl.Dataset],
-            model_store: str, min_improvement: float) -> str:
-    """Write the model and its metadata (metrics, data version, lineage) to the model store atomically
-    and make it the champion; re-checks the comparison under the store's lock. Returns the version path
-    (empty when a better champion was promoted meanwhile)."""
-    import json
+def promote(run: dsl.Input[dsl.Artifact], evaluation: dsl.Input[dsl.Artifact], decision: dsl.Input[dsl.Artifact],
+            data: dsl.Input[dsl.Dataset], model_store: str) -> str:
+    """Write the model, its metadata (metrics, data version, lineage) and the gate's ``decision`` to the
+    model store atomically and make it the champion, if the decision was made against the champion still
+    in place (checked under the store's lock). Returns the version path (empty when another run was
+    promoted meanwhile)."""
+    from mtlflow.jobs import pipeline_steps
 
-    from mtlflow.ops import model_store as store
-
-    with open(evaluation.path) as fh:
-        result = json.load(fh)
-    data_version = {k: data.metadata.get(k) for k in ("content_hash", "dvc_hash", "dvc_remote", "git_revision",
-                                                      "benchmark", "options")}
-    record = store.promote(model_store, run.path, result, data=data_version, min_improvement=min_improvement)
-    if record is None:
-        print("not promoted: the champion changed meanwhile and is at least as good")
-        return ""
-    print(f"promoted {record['label']} as {record['version']} ({record['reason']})")
-    return record["path"]
+    return pipeline_steps.promote(run.path, evaluation.path, decision.path, dict(data.metadata), model_store)

@@ -1,18 +1,22 @@
-"""The model store: the champion model of each benchmark and every model ever promoted.
+"""The model store: the champion model of each benchmark, every model ever promoted and every gate decision.
 
 Layout under the store root (a directory on the models PVC on the cluster, a local folder otherwise)::
 
     <root>/<benchmark>/versions/<version>/   model.pt, run.json, metrics.json, evaluation.json, metadata.json
-    <root>/<benchmark>/champion.json         the current champion: its version, score and test metrics
+    <root>/<benchmark>/champion.json         the current champion: its version, score, test metrics, decision
+    <root>/<benchmark>/decisions/<stamp>-<method>.json   every gate decision, promoted or not
 
-A candidate is scored by the mean over tasks of its primary metric's *error* on the test split
-(``1 - accuracy`` for bounded higher-is-better metrics; see :func:`mtlflow.metrics.task.metric_error`),
-the same per-task objective the hypervolume uses; lower is better. It replaces the champion only when
-its score is lower by more than ``min_improvement``.
+A model's score is the mean over tasks of its primary metric's *error* on the test split (``1 - accuracy``
+for bounded higher-is-better metrics; see :func:`mtlflow.metrics.task.metric_error`), the same per-task
+objective the hypervolume uses; lower is better. Whether a candidate replaces the champion is decided by
+the retrain gate (:func:`mtlflow.jobs.champion.decide`): both models evaluated on the candidate's test
+split, a paired comparison per example (:func:`mtlflow.metrics.paired.gate`), never the champion's stored
+numbers, which were measured on the data version it was trained on.
 
 Promotion is atomic and race-free: the version directory is built in a temporary sibling and renamed,
-then ``champion.json`` is replaced atomically, all under an exclusive lock on the benchmark's store
-that also re-checks the comparison, so two concurrent retraining runs cannot both win.
+then ``champion.json`` is replaced atomically, all under an exclusive lock on the benchmark's store that
+also checks the decision was made against the champion still in place, so two concurrent retraining runs
+cannot both win (the second one's decision was about a champion that is gone).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from mtlflow.core import atomic
-from mtlflow.core.errors import DataError, InvalidParameterError
+from mtlflow.core.errors import DataError
 
 CHAMPION = "champion.json"
 #: files of a run directory that make up a stored model version
@@ -68,22 +72,25 @@ def read_champion(root: str | os.PathLike, benchmark: str) -> dict[str, Any] | N
     return atomic.read_json(path, "champion record") if path.is_file() else None
 
 
-def compare(cand: Mapping[str, Any], champion: Mapping[str, Any] | None,
-            min_improvement: float = 0.0) -> tuple[bool, str]:
-    """``(promote?, reason)``: promote when there is no champion or the candidate's error is lower by
-    more than ``min_improvement``."""
-    if min_improvement < 0:
-        raise InvalidParameterError(f"min_improvement must be >= 0, got {min_improvement}")
-    if champion is None:
-        return True, f"no champion for {cand['benchmark']} yet; candidate error {cand['error']:.4f}"
-    if sorted(champion["tasks"]) != sorted(cand["tasks"]):
-        raise DataError(f"the champion of {cand['benchmark']} solves tasks {champion['tasks']} but the candidate "
-                        f"{cand['tasks']}; use another model store for a different task set")
-    gain = champion["error"] - cand["error"]
-    verdict = gain > min_improvement
-    return verdict, (f"candidate {cand['label']} error {cand['error']:.4f} vs champion {champion['label']} "
-                     f"({champion['version']}) {champion['error']:.4f}: improvement {gain:+.4f} "
-                     f"{'>' if verdict else '<='} min_improvement {min_improvement}")
+def record_decision(root: str | os.PathLike, decision: Mapping[str, Any]) -> Path:
+    """Keep a gate decision (:func:`mtlflow.jobs.champion.decide`) under ``decisions/``; returns its path."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(decision["decided_unix"]))
+    directory = benchmark_dir(root, decision["benchmark"]) / "decisions"
+    path = directory / f"{stamp}-{decision['candidate']['method']}-{decision['data_hash'][:12]}.json"
+    atomic.write_json(path, dict(decision))
+    return path
+
+
+def still_applies(decision: Mapping[str, Any], champion: Mapping[str, Any] | None) -> tuple[bool, str]:
+    """``(promote?, reason)``: a decision to promote holds only against the champion it was made against."""
+    if not decision["promote"]:
+        return False, f"the gate kept the champion: {decision['reason']}"
+    decided_against = decision["champion"]["version"] if decision.get("champion") else None
+    current = champion["version"] if champion else None
+    if decided_against != current:
+        return False, (f"the champion changed from {decided_against} to {current} after the decision; "
+                       "retrain again to compare with the new champion")
+    return True, decision["reason"]
 
 
 @contextlib.contextmanager
@@ -98,20 +105,26 @@ def _locked(directory: Path) -> Iterator[None]:
 
 
 def promote(root: str | os.PathLike, run_dir: str | os.PathLike, evaluation: Mapping[str, Any],
-            data: Mapping[str, Any] | None = None, min_improvement: float = 0.0) -> dict[str, Any] | None:
-    """Store the run as the new champion if it still beats the current one; returns the new champion
-    record, or None when the champion (possibly promoted meanwhile by another run) is as good."""
+            decision: Mapping[str, Any], data: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """Store the run as the new champion if the gate's ``decision`` promotes it and was made against the
+    current champion; returns the new champion record (with the decision), or None."""
     cand = candidate(run_dir, evaluation)
+    if cand["benchmark"] != decision["benchmark"] or cand["data_hash"] != decision["data_hash"]:
+        raise DataError(f"the decision is about {decision['benchmark']} data {decision['data_hash'][:12]} but the "
+                        f"evaluation about {cand['benchmark']} data {cand['data_hash'][:12]}; "
+                        "pass the run's own decision")
     store = benchmark_dir(root, cand["benchmark"])
     with _locked(store):
         champion = read_champion(root, cand["benchmark"])
-        better, reason = compare(cand, champion, min_improvement)
+        better, reason = still_applies(decision, champion)
         if not better:
+            print(f"not promoted: {reason}")
             return None
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         version = f"{stamp}-{cand['method']}-{cand['data_hash'][:12]}"
         record = {**cand, "version": version, "promoted_unix": round(time.time(), 3), "reason": reason,
-                  "data": dict(data or {}), "previous": champion["version"] if champion else None}
+                  "data": dict(data or {}), "previous": champion["version"] if champion else None,
+                  "decision": dict(decision)}
         with atomic.atomic_dir(store / "versions" / version) as tmp:
             for name in VERSION_FILES:
                 shutil.copyfile(Path(run_dir) / name, tmp / name)

@@ -27,11 +27,14 @@ AGGREGATE_GROUP = ("pipeline", "benchmark", "run")
 AGGREGATE_IDENTITY = AGGREGATE_GROUP + ("method",)
 #: labels of the pipeline-run status metrics, also their grouping key
 PIPELINE_IDENTITY = ("pipeline", "run")
+#: the Pushgateway grouping key of a retrain gate decision (pipeline, dataset, the pipeline run's name)
+GATE_GROUP = ("pipeline", "benchmark", "run")
 
 #: Pushgateway ``job`` label of each exporter
 TRAIN_JOB = "mtlflow_train"
 AGGREGATE_JOB = "mtlflow_aggregate"
 PIPELINE_JOB = "mtlflow_pipeline"
+GATE_JOB = "mtlflow_retrain_gate"
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,8 @@ AGGREGATE_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("mtlflow_mean_rank", "gauge", AGGREGATE_IDENTITY,
                "Mean rank of the method over the declared method set."),
     MetricSpec("mtlflow_hypervolume", "gauge", AGGREGATE_IDENTITY,
-               "Hypervolume of the method's per-task errors against the benchmark's reference point."),
+               "Hypervolume of the method's per-task errors, each divided by the benchmark's reference error "
+               "(reference point 1 per task: a share of the box, 0-1), mean over seeds."),
     MetricSpec("mtlflow_pareto_optimal", "gauge", AGGREGATE_IDENTITY, "1 when the method is in the Pareto set."),
     MetricSpec("mtlflow_aggregate_last_success_timestamp_seconds", "gauge", AGGREGATE_GROUP,
                "Unix time the comparison was computed."),
@@ -111,7 +115,21 @@ PIPELINE_METRICS: tuple[MetricSpec, ...] = (
                "Always 1; the labels name the run and its final state."),
 )
 
-ALL_METRICS: tuple[MetricSpec, ...] = TRAIN_METRICS + AGGREGATE_METRICS + PIPELINE_METRICS
+GATE_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("mtlflow_retrain_promoted", "gauge", GATE_GROUP,
+               "1 when the retrain gate promoted the candidate, 0 when it kept the champion."),
+    MetricSpec("mtlflow_retrain_error_difference", "gauge", GATE_GROUP + ("task", "bound"),
+               "Candidate minus champion mean per-example error on the same test split (negative: the candidate "
+               "is better); task=all is the change of the store's score; bound is estimate, low or high of the "
+               "paired-bootstrap interval (Bonferroni-corrected per task)."),
+    MetricSpec("mtlflow_retrain_test_examples", "gauge", GATE_GROUP, "Test examples the two models were paired on."),
+    MetricSpec("mtlflow_retrain_model_error", "gauge", GATE_GROUP + ("model",),
+               "Score (mean over tasks of the primary metric's error) of the candidate or the champion, both "
+               "evaluated on the candidate's test split."),
+    MetricSpec("mtlflow_retrain_decision_timestamp_seconds", "gauge", GATE_GROUP, "Unix time of the gate decision."),
+)
+
+ALL_METRICS: tuple[MetricSpec, ...] = TRAIN_METRICS + AGGREGATE_METRICS + PIPELINE_METRICS + GATE_METRICS
 
 
 def spec(name: str) -> MetricSpec:

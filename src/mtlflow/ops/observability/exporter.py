@@ -242,3 +242,27 @@ def export_run_status(pushgateway: str | None, pipeline: str, run: str, state: s
         metrics.set("mtlflow_pipeline_last_success_timestamp_seconds", labels, finished)
     metrics.set("mtlflow_pipeline_last_run_info", {**labels, "state": state}, 1)
     return push_once(gateway, catalog.PIPELINE_JOB, labels, metrics.registry, timeout=timeout)
+
+
+def export_decision(decision: Mapping[str, Any], pushgateway: str | None, pipeline: str = CLI_PIPELINE,
+                    run: str = CLI_PIPELINE, timeout: float = DEFAULT_PUSH_TIMEOUT) -> bool:
+    """Push a retrain gate decision (:func:`mtlflow.jobs.champion.decide`): promoted or not, both models'
+    scores on the shared test split, the error differences with their intervals, the number of paired
+    examples. Grouped by (pipeline, benchmark, run). False when off or the push failed."""
+    gateway = resolve_pushgateway(pushgateway)
+    if gateway is None:
+        return False
+    metrics = MetricSet(catalog.GATE_METRICS)
+    group = {"pipeline": pipeline or CLI_PIPELINE, "benchmark": decision["benchmark"], "run": run or CLI_PIPELINE}
+    metrics.set("mtlflow_retrain_promoted", group, int(bool(decision["promote"])))
+    metrics.set("mtlflow_retrain_model_error", {**group, "model": "candidate"}, decision["candidate"]["error"])
+    if decision.get("champion"):
+        metrics.set("mtlflow_retrain_model_error", {**group, "model": "champion"}, decision["champion"]["error"])
+    if decision.get("gate"):
+        gate = decision["gate"]
+        for task, diff in (("all", gate["combined"]), *gate["tasks"].items()):
+            for bound, key in (("estimate", "mean_difference"), ("low", "low"), ("high", "high")):
+                metrics.set("mtlflow_retrain_error_difference", {**group, "task": task, "bound": bound}, diff[key])
+        metrics.set("mtlflow_retrain_test_examples", group, gate["combined"]["n"])
+    metrics.set("mtlflow_retrain_decision_timestamp_seconds", group, decision["decided_unix"])
+    return push_once(gateway, catalog.GATE_JOB, group, metrics.registry, timeout=timeout)
