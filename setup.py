@@ -15,4 +15,5 @@ for package, folder in TOP_LEVEL_FOLDERS.items():
     package_dir[package] = folder
     packages += [package] + [f"{package}.{sub}" for sub in find_packages(folder)]
 
-setup(packages=packages, package_dir=package_dir, package_data={"mtlflow.pipelines": ["*.yaml"]})
+setup(packages=packages, package_dir=package_dir, package_data={"mtlflow.pipelines": ["*.yaml"],
+                                                                "mtlflow.jobs": ["templates/*.j2"]})

@@ -3,6 +3,7 @@ task progress of local pipeline runs."""
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import re
@@ -63,6 +64,18 @@ def test_report_of_an_aggregate_directory_also_without_its_runs(finished_runs, t
     finally:
         shutil.move(str(moved), finished_runs / "mgda")
     assert "mtlflow report: toy" in (tmp_path / "again.html").read_text()
+
+
+def test_the_aggregate_of_one_seed_says_so_instead_of_a_zero_spread(finished_runs):
+    page = (finished_runs / "results" / "report.html").read_text()
+    table = (finished_runs / "results" / "results.md").read_text()
+    for text in (page, table):
+        assert "1 seed: no interval" in text and "± 0.0000" not in text
+        assert "fewer than 3 seeds: mgda (1) (1 seed: no interval, no verdict)" in text
+    assert page.index('aria-label="verdict"') < page.index("<h2>Results</h2>")
+    assert "http://" not in page and "https://" not in page  # self-contained: nothing fetched from elsewhere
+    rows = list(csv.DictReader(io.StringIO((finished_runs / "results" / "results.csv").read_text())))
+    assert [r["method"] for r in rows] == ["mgda"] and rows[0]["delta_m% low"] == ""
 
 
 def test_report_of_something_else_is_one_line_and_exit_3(tmp_path, capsys):

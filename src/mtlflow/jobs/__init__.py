@@ -18,9 +18,9 @@ from mtlflow.core import atomic
 from mtlflow.core.callbacks import Callback
 from mtlflow.core.errors import DataError, InvalidParameterError
 from mtlflow.engine.rundir import check_run_consistent, load_model, read_run, run_label
-from mtlflow.engine.trainer import Trainer
-from mtlflow.jobs.cache import cached_data
-from mtlflow.jobs.data import check_expected_hash, load_prepared, prepare
+from mtlflow.engine.trainer import Trainer, check_finite_evaluation
+from mtlflow.jobs.cache import cache_path, cached_data
+from mtlflow.jobs.data import check_expected_hash, load_prepared, prepare, source_paths
 
 #: The jobs' API (prepare and load_prepared live in :mod:`mtlflow.jobs.data`, read_run and run_label in
 #: :mod:`mtlflow.engine.rundir`; they are part of it).
@@ -94,6 +94,9 @@ def train(data_dir: str | Path | None, out_dir: str | Path, method: str = "ls", 
     if main_process:
         stale_run_files(out_dir, resume, overwrite)  # refuse to touch an existing result before any work
     plan = plan_train(data_dir, benchmark, data_options, method, seed, hparams, tasks, **overrides)
+    inputs = ([("--data", data_dir)] if data_dir is not None else  # else the cache, prepared from the sources
+              [("the cached data", cache_path(plan.bench)), *source_paths(plan.bench, data_options or {})])
+    check_output_dir(out_dir, "--out", inputs)
     if plan.data_dir is None:
         data_dir, data = cached_data(plan.bench)
     else:
@@ -127,15 +130,23 @@ def parse_tasks(tasks: str | Sequence[str] | None, valid: Sequence[str]) -> list
 
 
 def evaluate(run_dir: str | Path, data_dir: str | Path, split: str = "test",
-             out_file: str | Path | None = None, confusion: bool = False) -> dict[str, Any]:
+             out_file: str | Path | None = None, confusion: bool = False, per_example: bool = False) -> dict[str, Any]:
     """Evaluate the final model of ``run_dir`` on ``split`` of ``data_dir``; writes ``evaluation.json``.
 
     ``confusion=True`` adds ``confusion_matrices`` (``{task: {kind, categories, matrix}}``, rows = true
     class) for the classification tasks (:mod:`mtlflow.metrics.confusion`; one more pass over the split).
+    ``per_example=True`` also keeps each example's loss and error per task, in the split's order
+    (:func:`mtlflow.metrics.evaluation.evaluate_examples`), in ``<evaluation file>.per_example.npz`` beside
+    the JSON, which names it under ``per_example``.
     """
-    from mtlflow.metrics.evaluation import evaluate_model
+    from mtlflow.core.outputs import RUN_FILES, check_output_path
+    from mtlflow.metrics import evaluation
 
     run_dir = Path(run_dir)
+    # the JSON may go into the run's folder, never onto the run's other files or into the data
+    check_output_path(out_file or run_dir / "evaluation.json", "--out", "file",
+                      [("--data", data_dir), *(("the run file", run_dir / name) for name in RUN_FILES
+                                               if name != "evaluation.json")])
     if (run_dir / "run.json").exists() or (run_dir / "metrics.json").exists():
         check_run_consistent(run_dir)
     # else a bare model.pt exported by `mtlflow palora merge`: no run to be consistent with
@@ -148,7 +159,11 @@ def evaluate(run_dir: str | Path, data_dir: str | Path, split: str = "test",
         raise InvalidParameterError(f"unknown split {split!r}; valid: {', '.join(data.splits)}")
     tasks = bench.select_tasks(blob["tasks"])
     index = [bench.task_names.index(t.name) for t in tasks]
-    values = evaluate_model(model, bench, data.splits[split], tasks, index)
+    if per_example:
+        values, examples = evaluation.evaluate_examples(model, bench, data.splits[split], tasks, index)
+    else:
+        values = evaluation.evaluate_model(model, bench, data.splits[split], tasks, index)
+    check_finite_evaluation({split: values}, f"of {run_dir}")  # a diverged model: exit 4, nothing written
     result = {"run": str(run_dir), "benchmark": bench.name, "dataset": bench.label, "method": blob["method"],
               "split": split, "data_hash": data.content_hash, "tasks": [t.name for t in tasks],
               "metric_specs": {t.name: t.metric_specs() for t in tasks}, "metrics": values}
@@ -160,12 +175,18 @@ def evaluate(run_dir: str | Path, data_dir: str | Path, split: str = "test",
         from mtlflow.jobs.palora import evaluate_saved_front
 
         result["preference_front"] = evaluate_saved_front(run_dir / "model.pt", data.splits[split], split)
-    atomic.write_json(out_file or run_dir / "evaluation.json", result)
+    out_file = Path(out_file or run_dir / "evaluation.json")
+    if per_example:
+        evaluation.write_examples(evaluation.examples_path(out_file), examples)
+        result["per_example"] = {"file": evaluation.examples_path(out_file).name, "examples": len(data.splits[split]),
+                                 "statistics": {t.name: evaluation.paired_statistic(t) for t in tasks}}
+    atomic.write_json(out_file, result)
     return result
 
 
 def build_references(reference_runs: Sequence[Mapping[str, Any]], split: str = "test") -> dict[str, Any]:
-    """Single-task reference metrics: per task, the mean over seeds of the selected final metrics."""
+    """Single-task reference metrics: per task, the mean over seeds of the selected final metrics (``metrics``,
+    what Δm% divides by) and their 95 % intervals over seeds (``intervals``)."""
     per_task: dict[str, list[Mapping[str, float]]] = {}
     hashes, sources, specs = set(), [], {}
     for ref in reference_runs:
@@ -181,26 +202,36 @@ def build_references(reference_runs: Sequence[Mapping[str, Any]], split: str = "
                         "selection": ref["metrics"]["selection"]["rule"]})
     if len(hashes) > 1:
         raise DataError("reference runs were trained on different data versions; use one prepared dataset")
+    from mtlflow.metrics.intervals import mean_interval
+
     metrics = {task: {m: statistics.fmean(v[m] for v in values) for m in values[0]}
                for task, values in per_task.items()}
+    intervals = {task: {m: mean_interval([v[m] for v in values]).as_dict() for m in values[0]}
+                 for task, values in per_task.items()}
     return {"split": split, "data_hash": hashes.pop() if hashes else None, "metrics": metrics,
-            "metric_specs": specs, "sources": sources}
+            "intervals": intervals, "metric_specs": specs, "sources": sources}
 
 
 def aggregate(run_dirs: Sequence[str | Path], out_dir: str | Path,
               reference_dirs: Sequence[str | Path] = (), method_set: Sequence[str] | None = None,
               split: str = "test", paper_references: bool | None = None) -> dict[str, Any]:
-    """Compare runs: per-method mean±std metrics, Δm%, mean rank, hypervolume, Pareto set, report.
+    """Compare runs: per method every metric, Δm%, mean rank and hypervolume as a mean over seeds with its
+    95 % interval, each method against LS and the best one (difference, probability of improvement, verdict),
+    the Pareto sets (by the means, and at 95 %), the warnings, and the report (:func:`summarise`,
+    :mod:`mtlflow.jobs.report`; definitions in docs/guides/reading-the-report.md).
 
     Δm% is computed against the single-task runs in ``reference_dirs`` ("own STL") and, labelled
     separately, against the single-task values the papers publish ("paper STL",
     ``Benchmark.published_references``): ``paper_references=None`` adds them when the benchmark has
     them, ``True`` requires them, ``False`` leaves them out.
     """
+    from mtlflow.core.outputs import check_output_dir
     from mtlflow.jobs.report import write_report
 
     if not run_dirs:
         raise InvalidParameterError("aggregate needs at least one run directory")
+    check_output_dir(out_dir, "--out", [*(("run directory", d) for d in run_dirs),
+                                        *(("reference run", d) for d in reference_dirs)])
     seen: dict[Path, str] = {}
     for d in [*run_dirs, *reference_dirs]:
         key = Path(d).resolve()
@@ -232,7 +263,15 @@ def paper_reference_table(run: Mapping[str, Any], tasks: Sequence[str], wanted: 
 def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any]],
               method_set: Sequence[str] | None = None, split: str = "test",
               paper_references: bool | None = None) -> dict[str, Any]:
-    from mtlflow.metrics.scoring import comparable_metrics, delta_m, hypervolume, mean_rank, pareto_mask
+    """The comparison of ``runs`` (grouped by method) as a dict: every number a mean over seeds with its 95 %
+    interval (:mod:`mtlflow.metrics.intervals`), each method against LS and against the best method, the
+    Pareto sets, the warnings and the verdict (see docs/guides/reading-the-report.md for the definitions)."""
+    import numpy as np
+
+    from mtlflow.metrics.intervals import BOOTSTRAP_SEED, CONFIDENCE, N_RESAMPLES, mean_interval
+    from mtlflow.metrics.scoring import (comparable_metrics, confident_pareto_mask, delta_m, hypervolume,
+                                         mean_rank, mean_rank_interval, normalised_hypervolume, pareto_mask,
+                                         task_delta)
     from mtlflow.metrics.task import metric_error
     from mtlflow.pareto.front import attach_fronts
 
@@ -271,46 +310,80 @@ def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any
                                     f"runs have: {', '.join(sorted(by_method))}")
     own_usable, own_excluded = comparable_metrics(references["metrics"]) if references else ({}, {})
     paper_usable, paper_excluded = comparable_metrics(paper["metrics"]) if paper else ({}, {})
+    scale = [float(hv_ref[t]) for t in tasks]
+
+    def errors_of(values: Mapping[str, Mapping[str, float]]) -> list[float]:
+        return [metric_error(values[t][primary[t]], specs[t][primary[t]]["higher_is_better"],
+                             specs[t][primary[t]]["unit_interval"]) for t in tasks]
+
     rows: dict[str, dict[str, Any]] = {}
+    per_seed: dict[str, dict[str, Any]] = {}  # what the comparisons resample: one value per seed
     for label, group in sorted(by_method.items()):
+        group = sorted(group, key=lambda g: g["run"]["config"]["seed"])
         finals = [g["metrics"]["final"][split] for g in group]
         mean = {t: {m: statistics.fmean(f[t][m] for f in finals) for m in finals[0][t]} for t in tasks}
-        std = {t: {m: (statistics.stdev([f[t][m] for f in finals]) if len(finals) > 1 else 0.0)
-                   for m in finals[0][t]} for t in tasks}
-        errors = [metric_error(mean[t][primary[t]], specs[t][primary[t]]["higher_is_better"],
-                               specs[t][primary[t]]["unit_interval"]) for t in tasks]
+        std = {t: {m: _sample_std([f[t][m] for f in finals]) for m in finals[0][t]} for t in tasks}
+        seed_errors = [errors_of(f) for f in finals]
+        seed_hv = [normalised_hypervolume([e], scale) for e in seed_errors]
+        hv = mean_interval(seed_hv)
         row: dict[str, Any] = {
-            "method": label, "seeds": sorted(g["run"]["config"]["seed"] for g in group),
+            "method": label, "seeds": [g["run"]["config"]["seed"] for g in group],
             "runs": [g["dir"] for g in group], "selection": sorted({g["metrics"]["selection"]["rule"] for g in group}),
-            "mean": mean, "std": std, "primary_errors": errors,
-            "hypervolume": hypervolume([errors], [hv_ref[t] for t in tasks]),
+            "mean": mean, "std": std,
+            "intervals": {t: {m: mean_interval([f[t][m] for f in finals]).as_dict() for m in finals[0][t]}
+                          for t in tasks},
+            "primary_errors": errors_of(mean), "primary_errors_per_seed": seed_errors,
+            "hypervolume": hv.mean, "hypervolume_interval": hv.as_dict(), "hypervolume_per_seed": seed_hv,
+            "hypervolume_raw": hypervolume([errors_of(mean)], scale),
             "step_seconds_median": statistics.fmean(g["metrics"]["epochs"][-1]["step_seconds_median"] for g in group),
             "peak_memory_bytes": max(g["metrics"]["epochs"][-1]["peak_memory_bytes"] for g in group),
+            "not_converged": [g["dir"] for g in group if _not_converged(g)],
         }
+        per_seed[label] = {"tasks": {t: [f[t][primary[t]] for f in finals] for t in tasks}}
         if references:
-            per_seed = [delta_m(f, references["metrics"], specs, own_usable) for f in finals]
-            row["delta_m"] = statistics.fmean(per_seed)
-            row["delta_m_std"] = statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0
-            row["delta_m_per_seed"] = per_seed
+            seed_dm = [delta_m(f, references["metrics"], specs, own_usable) for f in finals]
+            dm = mean_interval(seed_dm)
+            row.update({"delta_m": dm.mean, "delta_m_std": _sample_std(seed_dm),
+                        "delta_m_per_seed": seed_dm, "delta_m_interval": dm.as_dict()})
+            row["delta_task"] = {t: mean_interval([task_delta(f[t][primary[t]], references["metrics"][t][primary[t]],
+                                                              specs[t][primary[t]]["higher_is_better"])
+                                                   for f in finals]).as_dict()
+                                 for t in tasks if t in references["metrics"]}
+            per_seed[label]["delta_m"] = seed_dm
         if paper:
-            per_seed = [delta_m(f, paper["metrics"], specs, paper_usable) for f in finals]
-            row["delta_m_paper"] = statistics.fmean(per_seed)
-            row["delta_m_paper_std"] = statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0
-            row["delta_m_paper_per_seed"] = per_seed
+            seed_dm = [delta_m(f, paper["metrics"], specs, paper_usable) for f in finals]
+            dm = mean_interval(seed_dm)
+            row.update({"delta_m_paper": dm.mean,
+                        "delta_m_paper_std": _sample_std(seed_dm),
+                        "delta_m_paper_per_seed": seed_dm, "delta_m_paper_interval": dm.as_dict()})
         rows[label] = row
     ranks = mean_rank({m: rows[m]["mean"] for m in declared}, specs)
     for m, r in ranks.items():
         rows[m]["mean_rank"] = r
+    columns = [(t, m) for t in tasks for m in rows[declared[0]]["mean"][t] if m != "loss"]
+    rank_intervals = mean_rank_interval(
+        {m: np.array([[f[t][c] for t, c in columns] for f in
+                      (g["metrics"]["final"][split] for g in by_method[m])]) for m in declared},
+        [specs[t][c]["higher_is_better"] for t, c in columns])
+    for m in declared:
+        rows[m]["mean_rank_interval"] = list(rank_intervals[m]) if rank_intervals else None
     labels = sorted(rows)
     points = [rows[m]["primary_errors"] for m in labels]
     mask = pareto_mask(points)
-    for m, keep in zip(labels, mask):
+    confident = confident_pareto_mask([rows[m]["primary_errors_per_seed"] for m in labels])
+    for m, keep, keep_confident in zip(labels, mask, confident):
         rows[m]["pareto_optimal"] = bool(keep)
+        rows[m]["pareto_confident"] = bool(keep_confident)
     # Pareto-front methods (PaLoRA) also get their whole front, and the methods it dominates
     front_methods = attach_fronts(rows, by_method, split, tasks, primary, specs)
-    reference_point = [hv_ref[t] for t in tasks]
-    return {
-        "schema": 1,
+    best_by = "delta_m" if references else "mean_rank"
+    best = min(declared, key=lambda m: (not np.isfinite(rows[m][best_by]), rows[m][best_by], m))  # NaN: last
+    baseline = "ls" if "ls" in rows else None
+    for label, row in rows.items():
+        row["versus"] = {role: _compare_methods(per_seed[label], per_seed[other], tasks, primary, specs)
+                         for role, other in (("ls", baseline), ("best", best)) if other is not None and other != label}
+    summary = {
+        "schema": 2,
         "benchmark": benches.pop(),
         "dataset": runs[0]["run"].get("dataset", runs[0]["run"]["benchmark"]),
         "data_hash": hashes.pop(),
@@ -318,10 +391,16 @@ def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any
         "tasks": tasks,
         "metric_specs": specs,
         "primary_metrics": primary,
-        "hypervolume_reference_point": reference_point,
+        "hypervolume_reference_point": scale,
         "hypervolume_objective": "error of each task's primary metric (1 - value for bounded higher-is-better metrics)",
-        "hypervolume_all_methods": hypervolume(points, reference_point),
+        "hypervolume_normalised": {
+            "scale": scale, "reference_point": [1.0] * len(tasks),
+            "definition": "each task's error divided by the benchmark's hypervolume reference error of that task "
+                          "(hypervolume_reference_point, in the task's units), reference point 1 per task: the share "
+                          "of the box [0, reference] a method dominates; per seed, then mean and 95 % interval"},
+        "hypervolume_all_methods": normalised_hypervolume(points, scale),
         "pareto_set": [m for m, keep in zip(labels, mask) if keep],
+        "pareto_set_confident": [m for m, keep in zip(labels, confident) if keep],
         "preference_front_methods": front_methods,
         "mean_rank_method_set": declared,
         "selection_rules": sorted({r["metrics"]["selection"]["rule"] for r in runs}),
@@ -329,5 +408,128 @@ def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any
         "paper_references": paper,
         # metrics Δm% leaves out: their reference is 0 or undefined (e.g. a single-task F1 of 0)
         "delta_m_excluded": {"references": own_excluded, "paper_references": paper_excluded},
+        "statistics": {"confidence": CONFIDENCE, "n_resamples": N_RESAMPLES, "bootstrap_seed": BOOTSTRAP_SEED,
+                       "interval": "percentile bootstrap over seeds (scipy.stats.bootstrap); differences and mean "
+                                   "ranks resample each method's seeds independently (stratified by method)"},
+        "baseline": baseline,
+        "best_method": best,
+        "best_by": best_by,
         "methods": rows,
     }
+    summary["warnings"] = _warnings(summary, runs, refs, own_excluded)
+    return summary
+
+
+def _sample_std(values: Sequence[float]) -> float:
+    """The seeds' sample standard deviation (0 for one seed); NaN, not an error, when a value is NaN (a metric
+    undefined for one seed), which ``statistics.stdev`` cannot take."""
+    import numpy as np
+
+    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+def _not_converged(run: Mapping[str, Any]) -> bool:
+    """Whether a run says its validation metric was still improving when training stopped (``converged``
+    false or ``not_converged`` true in run.json or metrics.json; runs from before the flag say nothing)."""
+    for record in (run["run"], run["metrics"]):
+        if record.get("converged") is False or record.get("not_converged"):
+            return True
+    return False
+
+
+def _compare_methods(mine: Mapping[str, Any], other: Mapping[str, Any], tasks: Sequence[str],
+                     primary: Mapping[str, str], specs: Mapping[str, Any]) -> dict[str, Any]:
+    """One method against another over seeds: Δm% (when references exist) and each task's primary metric."""
+    from mtlflow.metrics.intervals import compare
+
+    result: dict[str, Any] = {
+        "tasks": {t: compare(mine["tasks"][t], other["tasks"][t],
+                             lower_is_better=not specs[t][primary[t]]["higher_is_better"]).as_dict() for t in tasks}}
+    if "delta_m" in mine and "delta_m" in other:
+        result["delta_m"] = compare(mine["delta_m"], other["delta_m"], lower_is_better=True).as_dict()
+    return result
+
+
+#: fewer seeds than this and the report warns that the interval rests on too few runs
+MIN_SEEDS = 3
+
+
+def _warnings(summary: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any]],
+              excluded: Mapping[str, Sequence[str]]) -> list[str]:
+    """What a reader must know before trusting the table: runs not converged, too few seeds, a test split too
+    small for the printed interval, a degenerate single-task reference."""
+    rows, split, primary = summary["methods"], summary["split"], summary["primary_metrics"]
+    warnings = []
+    unconverged = [f"{m} ({len(row['not_converged'])} of {len(row['runs'])} runs)"
+                   for m, row in sorted(rows.items()) if row["not_converged"]]
+    ref_tasks = sorted({r["metrics"]["tasks"][0] for r in refs})
+    unconverged += [f"reference {t} ({sum(_not_converged(r) for r in refs if r['metrics']['tasks'][0] == t)} of "
+                    f"{sum(r['metrics']['tasks'][0] == t for r in refs)} runs)" for t in ref_tasks
+                    if any(_not_converged(r) for r in refs if r["metrics"]["tasks"][0] == t)]
+    if unconverged:
+        warnings.append("not converged: train longer (the validation metric was still improving at the end of "
+                        f"{', '.join(unconverged)})")
+    few = [f"{m} ({len(row['seeds'])})" for m, row in sorted(rows.items()) if len(row["seeds"]) < MIN_SEEDS]
+    if few:
+        warnings.append(f"fewer than {MIN_SEEDS} seeds: {', '.join(few)}"
+                        + (" (1 seed: no interval, no verdict)" if any(len(r["seeds"]) == 1 for r in rows.values())
+                           else " (the bootstrap interval of 2 seeds is their range)"))
+    ref_seeds: dict[str, int] = {}
+    for r in refs:
+        task = r["metrics"]["tasks"][0]
+        ref_seeds[task] = ref_seeds.get(task, 0) + 1
+    few_refs = [f"{t} ({n})" for t, n in sorted(ref_seeds.items()) if n < MIN_SEEDS]
+    if few_refs:
+        warnings.append(f"single-task references with fewer than {MIN_SEEDS} seeds: {', '.join(few_refs)}")
+    for task in summary["tasks"]:
+        metric = primary[task]
+        if not summary["metric_specs"][task][metric]["unit_interval"]:
+            continue
+        n = _split_size(runs[0], split, task)
+        widths = [row["intervals"][task][metric]["high"] - row["intervals"][task][metric]["low"]
+                  for row in rows.values() if row["intervals"][task][metric]["low"] is not None]
+        if n is None or not widths:
+            continue
+        p = statistics.fmean(row["mean"][task][metric] for row in rows.values())
+        sampling = 2 * 1.96 * (p * (1 - p) / n) ** 0.5  # width of the binomial 95 % interval of a proportion
+        if sampling > max(widths):
+            warnings.append(f"test split too small for the interval printed: {task} has {n} {split} examples, so "
+                            f"its {metric} alone varies by about ±{sampling / 2:.4f} (95 %, binomial approximation) "
+                            f"from the choice of test examples, more than the seed intervals (widest "
+                            f"{max(widths):.4f}); differences "
+                            f"smaller than that are not resolved")
+    refs_metrics = (summary["references"] or {}).get("metrics", {})
+    for task, names in sorted(excluded.items()):
+        warnings.append(f"degenerate single-task reference for {task}: {', '.join(names)} is 0 or undefined, "
+                        f"left out of Δm%")
+    for task, values in sorted(refs_metrics.items()):
+        metric = primary[task]
+        spec = summary["metric_specs"][task][metric]
+        if spec["unit_interval"] and spec["higher_is_better"] and values.get(metric) == 1.0:
+            warnings.append(f"degenerate single-task reference for {task}: {metric} = 1 (no error), a multi-task "
+                            f"method can only tie or lose on it")
+    return warnings
+
+
+def _split_size(run: Mapping[str, Any], split: str, task: str) -> int | None:
+    """How many examples of ``split`` a task's metric was computed on, when known: the labelled examples of the
+    run's per-example evaluation of that split (``evaluation.per_example.npz``), else ``split_sizes`` recorded
+    in the run."""
+    import math
+
+    from mtlflow.metrics.evaluation import examples_path, read_examples
+
+    evaluation = Path(run["dir"]) / "evaluation.json"
+    if evaluation.is_file() and examples_path(evaluation).is_file() \
+            and atomic.read_json(evaluation, "evaluation").get("split") == split:
+        errors = read_examples(examples_path(evaluation)).get(task, {}).get("error")
+        if errors is not None:
+            return sum(1 for e in errors if not math.isnan(e))
+    for record in (run["metrics"], run["run"]):
+        sizes = record.get("split_sizes") or {}
+        size = sizes.get(split)
+        if isinstance(size, Mapping):
+            size = size.get(task)
+        if isinstance(size, (int, float)) and size > 0:
+            return int(size)
+    return None

@@ -159,27 +159,91 @@ def aggregate(runs: Sequence[str], references: Sequence[str], method_set: Sequen
     scores = ("delta_m", "delta_m_paper", "mean_rank", "hypervolume")
     shown = {"delta_m": "delta_m_pct", "delta_m_paper": "delta_m_paper_pct", "mean_rank": "mean_rank",
              "hypervolume": "hypervolume"}
+    intervals = {"delta_m": "delta_m_interval", "delta_m_paper": "delta_m_paper_interval",
+                 "hypervolume": "hypervolume_interval"}
     flat: dict[str, float] = {}
     for label, row in outcome["methods"].items():
         flat.update({f"{label}.{shown[key]}": float(row[key]) for key in scores if key in row})
         flat.update({f"{label}.{task}.{primary[task]}": float(row["mean"][task][primary[task]])
                      for task in outcome["tasks"]})
+        # the 95 % interval bounds over seeds (absent with one seed: the UI shows no made-up spread)
+        for key, interval in intervals.items():
+            if row.get(interval) and row[interval]["low"] is not None:
+                flat[f"{label}.{shown[key]}_low"] = float(row[interval]["low"])
+                flat[f"{label}.{shown[key]}_high"] = float(row[interval]["high"])
+        for task in outcome["tasks"]:
+            estimate = row["intervals"][task][primary[task]]
+            if estimate["low"] is not None:
+                flat[f"{label}.{task}.{primary[task]}_low"] = float(estimate["low"])
+                flat[f"{label}.{task}.{primary[task]}_high"] = float(estimate["high"])
+        versus = row["versus"].get("ls", {}).get("delta_m")
+        if versus is not None:
+            flat[f"{label}.prob_improvement_vs_ls"] = float(versus["probability_of_improvement"])
     export_summary(outcome, pushgateway or None, pipeline=pipeline_name or "kfp", run=run_name or "kfp")
     return {"metadata": {"benchmark": outcome["benchmark"], "data_hash": outcome["data_hash"],
-                         "pareto_set": outcome["pareto_set"]},
+                         "pareto_set": outcome["pareto_set"], "pareto_set_confident": outcome["pareto_set_confident"],
+                         "best_method": outcome["best_method"], "warnings": outcome["warnings"],
+                         "verdicts_vs_ls": {m: r["versus"]["ls"]["delta_m"]["verdict"]
+                                            for m, r in outcome["methods"].items()
+                                            if "delta_m" in r["versus"].get("ls", {})}},
             "metrics": flat,
             "scores": {k: {m: v for m, v in r.items() if m in scores} for k, r in outcome["methods"].items()}}
 
 
-def compare_to_champion(run: str, evaluation: str, model_store: str, min_improvement: float) -> bool:
-    """Whether the evaluated run beats the champion's stored test metrics by more than ``min_improvement``
-    (mean primary-metric error over tasks), or there is no champion yet; prints the reason."""
+def compare_to_champion(run: str, data: str, model_store: str, min_improvement: float, decision_out: str,
+                        pushgateway: str = "", pipeline_name: str = "", run_name: str = "") -> dict[str, Any]:
+    """The retrain gate: evaluate the run and the champion of ``model_store`` on the test split of ``data``
+    (the candidate's prepared data) and decide from the paired per-example errors
+    (:func:`mtlflow.jobs.champion.decide`). The decision record goes to ``decision_out`` (what ``promote``
+    stores with the new champion), to the model store's ``decisions/`` and to Prometheus when a gateway is
+    set; prints the reason. Returns ``{"promote": bool, "decision": record, "metrics": flat}`` (the flat
+    metrics the Kubeflow UI shows: both models' scores and primary metrics on the split, the intervals, n)."""
+    from mtlflow.jobs.champion import decide
+    from mtlflow.ops import model_store as store
+    from mtlflow.ops.observability import export_decision
+
+    decision = decide(run, data, model_store, min_improvement)
+    atomic.write_json(decision_out, decision)
+    kept = store.record_decision(model_store, decision)
+    export_decision(decision, pushgateway or None, pipeline=pipeline_name or "kfp", run=run_name or "kfp")
+    print(("promote: " if decision["promote"] else "keep the champion: ") + decision["reason"] + f" (record: {kept})")
+    return {"promote": bool(decision["promote"]), "decision": decision, "metrics": decision_metrics(decision)}
+
+
+def decision_metrics(decision: Mapping[str, Any]) -> dict[str, float]:
+    """A gate decision as the flat metrics the Kubeflow UI shows: ``promoted``, ``<model>.error`` and
+    ``<model>.<task>.<primary metric>`` of both models on the shared test split, ``n`` and, per task and
+    for the score (``all``), the error difference with its interval (``difference.<task>.{estimate,low,high}``)."""
+    flat = {"promoted": float(bool(decision["promote"]))}
+    for role in ("candidate", "champion"):
+        model = decision.get(role)
+        if model:
+            flat[f"{role}.error"] = float(model["error"])
+            flat.update({f"{role}.{task}.{metric}": float(model["metrics"][task][metric])
+                         for task, metric in model["primary_metrics"].items()})
+    if decision.get("gate"):
+        gate = decision["gate"]
+        flat["n"] = float(gate["combined"]["n"])
+        for task, diff in (("all", gate["combined"]), *gate["tasks"].items()):
+            flat.update({f"difference.{task}.estimate": float(diff["mean_difference"]),
+                         f"difference.{task}.low": float(diff["low"]), f"difference.{task}.high": float(diff["high"])})
+    return flat
+
+
+def promote(run: str, evaluation: str, decision: str, data_metadata: Mapping[str, Any], model_store: str) -> str:
+    """Store the run as the champion, with its gate ``decision`` (a file written by
+    :func:`compare_to_champion`) and its data version, if the decision still holds under the store's lock;
+    returns the version path, empty when it does not (another run was promoted meanwhile)."""
     from mtlflow.ops import model_store as store
 
-    candidate = store.candidate(run, atomic.read_json(Path(evaluation), "evaluation"))
-    better, reason = store.compare(candidate, store.read_champion(model_store, candidate["benchmark"]), min_improvement)
-    print(("promote: " if better else "keep the champion: ") + reason)
-    return better
+    data_version = {k: data_metadata.get(k) for k in ("content_hash", "dvc_hash", "dvc_remote", "git_revision",
+                                                      "benchmark", "data_options")}
+    record = store.promote(model_store, run, atomic.read_json(Path(evaluation), "evaluation"),
+                           atomic.read_json(Path(decision), "gate decision"), data=data_version)
+    if record is None:
+        return ""
+    print(f"promoted {record['label']} as {record['version']} ({record['reason']})")
+    return record["path"]
 
 
 def record_status(status_dir: str, pipeline: str, job_name: str, state: str, error_code: int | None,

@@ -1,79 +1,208 @@
-"""Aggregate outputs: results.json, a Markdown and CSV table, a Pareto plot, learning curves and an
-HTML report that embeds both plots (one self-contained file for the Kubeflow UI)."""
+"""Aggregate outputs: results.json, a Markdown and a CSV table, the comparison figure, learning curves and an
+HTML report (one self-contained file for the Kubeflow UI) rendered from the Jinja2 templates in
+``templates/``.
+
+Every number of a method is a mean over seeds with its 95 % interval (``mean [low, high]``; one seed: "1 seed:
+no interval"); the verdict box on top says what won, by how much, with what confidence, and what to be wary
+of (:func:`verdict_box`). One colour per method in every figure (:func:`method_colours`).
+"""
 
 from __future__ import annotations
 
 import base64
 import csv
-import html
 import io
+import itertools
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from mtlflow.core import atomic
+from mtlflow.core.errors import DataError
+from mtlflow.metrics.intervals import BETTER, INDISTINGUISHABLE, NO_INTERVAL, WORSE, format_estimate
 from mtlflow.pareto.front import front_tables
+
+TEMPLATES = Path(__file__).parent / "templates"
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+def method_colours(labels: Sequence[str]) -> dict[str, str]:
+    """One colour per method, the same in every figure of a report: the methods in sorted order take the
+    colours of matplotlib's tab10 (tab20 beyond 10 methods) in turn."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
+    ordered = sorted(set(labels))
+    cmap = colormaps["tab10" if len(ordered) <= 10 else "tab20"]
+    return {label: to_hex(cmap(i % cmap.N)) for i, label in enumerate(ordered)}
+
+
+def unit_note(summary: Mapping[str, Any], task: str) -> str:
+    """What a task's primary metric is measured in: a bounded score, or the target's own units."""
+    spec = summary["metric_specs"][task][summary["primary_metrics"][task]]
+    if spec.get("unit"):
+        return str(spec["unit"])
+    return "0-1" if spec["unit_interval"] else "target's units"
+
+
+def _arrow(summary: Mapping[str, Any], task: str) -> str:
+    return "↑" if summary["metric_specs"][task][summary["primary_metrics"][task]]["higher_is_better"] else "↓"
+
+
+def _pareto_cell(row: Mapping[str, Any]) -> str:
+    if row["pareto_optimal"]:
+        return "yes"
+    return "within 95 %" if row.get("pareto_confident") else ""
+
+
+def _rank_cell(row: Mapping[str, Any]) -> str:
+    interval = row.get("mean_rank_interval")
+    if row.get("mean_rank") is None:
+        return "–"
+    if interval is None:
+        return f"{row['mean_rank']:.2f} (no interval)"
+    return f"{row['mean_rank']:.2f} [{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
+def _order(summary: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """Methods best first: by Δm% when references exist, else by mean rank."""
+    def key(item: tuple[str, Mapping[str, Any]]) -> tuple:
+        delta_m, rank = item[1].get("delta_m", 0.0), item[1].get("mean_rank") or 0.0
+        return (delta_m != delta_m, delta_m, rank, item[0])  # an undefined (NaN) Δm% last
+
+    return sorted(summary["methods"].items(), key=key)
+
+
 def table_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The results table: raw per-task values (with their units), Δm%, the verdict against LS, mean rank,
+    normalised hypervolume, Pareto membership; each number ``mean [95 % interval]`` over seeds."""
     tasks, primary = summary["tasks"], summary["primary_metrics"]
-    header = ["method", "seeds"] + [f"{t} {primary[t]}" for t in tasks]
+    header = ["method", "seeds"] + [f"{t} {primary[t]} ({unit_note(summary, t)}) {_arrow(summary, t)}"
+                                    for t in tasks]
     has_dm = summary["references"] is not None
     paper = summary.get("paper_references")
     if has_dm:
         header.append("Δm% (own STL) ↓" if paper else "Δm% ↓")
     if paper:
         header.append(f"Δm% ({paper['label']}) ↓")
-    header += ["MR ↓", "HV ↑", "Pareto", "step s"]
+    baseline = summary.get("baseline")
+    if baseline:
+        header.append(f"vs {baseline}")
+    header += ["MR ↓", "HV (normalised) ↑", "Pareto (95 %)", "step s"]
     rows = []
-    for label, row in sorted(summary["methods"].items(),
-                             key=lambda kv: (kv[1].get("delta_m", 0.0), kv[1].get("mean_rank", 0.0))):
+    for label, row in _order(summary):
         cells = [label, str(len(row["seeds"]))]
-        for t in tasks:
-            m = primary[t]
-            cells.append(f"{row['mean'][t][m]:.4f} ± {row['std'][t][m]:.4f}")
+        cells += [format_estimate(row["intervals"][t][primary[t]]) for t in tasks]
         if has_dm:
-            cells.append(f"{row['delta_m']:.2f} ± {row['delta_m_std']:.2f}")
+            cells.append(format_estimate(row["delta_m_interval"], 2, signed=True))
         if paper:
-            cells.append(f"{row['delta_m_paper']:.2f} ± {row['delta_m_paper_std']:.2f}")
-        cells += [_fmt(row.get("mean_rank"), 2), _fmt(row["hypervolume"]), "yes" if row["pareto_optimal"] else "",
+            cells.append(format_estimate(row["delta_m_paper_interval"], 2, signed=True))
+        if baseline:
+            cells.append(_versus_cell(row["versus"].get("ls"), tasks) if label != baseline else "baseline")
+        cells += [_rank_cell(row), format_estimate(row["hypervolume_interval"]), _pareto_cell(row),
                   f"{row['step_seconds_median']:.4f}"]
         rows.append(cells)
     return header, rows
 
 
-def markdown_table(summary: Mapping[str, Any]) -> str:
-    header, rows = table_rows(summary)
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+def _versus_cell(comparison: Mapping[str, Any] | None, tasks: Sequence[str]) -> str:
+    """The verdict of a comparison in one cell: on Δm% when it exists, else per task."""
+    if comparison is None:
+        return "–"
+    if "delta_m" in comparison:
+        return comparison["delta_m"]["verdict"]
+    return "; ".join(f"{t}: {comparison['tasks'][t]['verdict']}" for t in tasks)
 
 
-def markdown_summary(summary: Mapping[str, Any]) -> str:
-    refs = summary["references"]
-    parts = [f"# mtlflow results: {summary.get('dataset', summary['benchmark'])}", "",
-             f"- data hash: `{summary['data_hash']}`",
-             f"- split: {summary['split']}; selection rule(s): {', '.join(summary['selection_rules'])}",
-             f"- hypervolume reference point: {summary['hypervolume_reference_point']} "
-             f"({summary['hypervolume_objective']})",
-             f"- mean rank over: {', '.join(summary['mean_rank_method_set'])}",
-             f"- Pareto set: {', '.join(summary['pareto_set'])}",
-             "- Δm% references: " + ("single-task runs " + ", ".join(
-                 f"{t}: " + ", ".join(f"{m}={v:.4f}" for m, v in vals.items())
-                 for t, vals in refs["metrics"].items()) if refs else "none (Δm% not computed)"),
-             *([f"- Δm% {summary['paper_references']['label']} references: "
-                f"{summary['paper_references']['source']}"] if summary.get("paper_references") else []),
-             *[f"- Δm% leaves out (reference 0 or undefined, against the {kind.replace('_', ' ')}): " + ", ".join(
-                 f"{t}/{m}" for t, names in excluded.items() for m in names)
-               for kind, excluded in summary.get("delta_m_excluded", {}).items() if excluded],
-             "", markdown_table(summary)]
-    for title, header, rows in front_tables(summary):
-        parts += ["", f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        parts += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(parts)
+def comparison_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Each method against LS and against the best method: the difference of means (this method minus the
+    other) with its 95 % interval, the probability of improvement and the verdict, on Δm% when references
+    exist and on every task's primary metric."""
+    tasks, primary = summary["tasks"], summary["primary_metrics"]
+    header = ["method", "against", "on", "difference [95 %]", "P(improvement)", "verdict"]
+    rows = []
+    for label, row in _order(summary):
+        for role, versus in row["versus"].items():
+            other = summary["baseline"] if role == "ls" else summary["best_method"]
+            measures = ([("Δm%", versus["delta_m"], 2)] if "delta_m" in versus else []) + [
+                (f"{t} {primary[t]}", versus["tasks"][t], 4) for t in tasks]
+            for name, c, digits in measures:
+                rows.append([label, f"{other} ({'baseline' if role == 'ls' else 'best'})", name,
+                             format_estimate({"mean": c["difference"], "low": c["low"], "high": c["high"],
+                                              "n": min(c["n"])}, digits, signed=True),
+                             f"{c['probability_of_improvement']:.2f}", c["verdict"]])
+    return header, rows
+
+
+def delta_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    """Per-task Δ% against the single-task references (positive = worse than single-task; no units), or
+    None without references."""
+    if summary["references"] is None:
+        return None
+    tasks, primary = summary["tasks"], summary["primary_metrics"]
+    header = ["method"] + [f"{t} Δ% ({primary[t]}) ↓" for t in tasks]
+    rows = [[label] + [format_estimate(row.get("delta_task", {}).get(t), 2, signed=True) for t in tasks]
+            for label, row in _order(summary)]
+    return header, rows
+
+
+def verdict_box(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """What a reader needs first: ``headline`` (what won and by how much), ``findings`` (which differences are
+    real at 95 %), ``confident`` (the winner beats every other method with confidence) and ``warnings``."""
+    rows, best, baseline = summary["methods"], summary["best_method"], summary.get("baseline")
+    best_row = rows[best]
+    findings: list[str] = []
+    if summary["best_by"] == "delta_m":
+        headline = (f"{best} has the lowest Δm%: {format_estimate(best_row['delta_m_interval'], 2, signed=True)} "
+                    f"against the single-task references (over {len(best_row['seeds'])} seed(s); lower is better).")
+    else:
+        headline = (f"{best} has the lowest mean rank: {_rank_cell(best_row)} over "
+                    f"{len(summary['mean_rank_method_set'])} "
+                    f"methods (no single-task references: Δm% not computed).")
+    measure = "delta_m" if summary["best_by"] == "delta_m" else None
+    by_verdict: dict[str, list[str]] = {BETTER: [], WORSE: [], INDISTINGUISHABLE: []}
+    for label, row in sorted(rows.items()):
+        versus = row["versus"].get("best")
+        if versus is None:
+            continue
+        verdicts = [versus[measure]["verdict"]] if measure else [v["verdict"] for v in versus["tasks"].values()]
+        if all(v == WORSE for v in verdicts):
+            by_verdict[WORSE].append(label)
+        elif any(v == BETTER for v in verdicts):
+            by_verdict[BETTER].append(label)
+        elif any(v == INDISTINGUISHABLE for v in verdicts) or any(v == WORSE for v in verdicts):
+            by_verdict[INDISTINGUISHABLE].append(label)
+    on = "Δm%" if measure else "every task's primary metric"
+    if by_verdict[WORSE]:
+        findings.append(f"Worse than {best} at 95 % ({on}): {', '.join(by_verdict[WORSE])}.")
+    if by_verdict[INDISTINGUISHABLE]:
+        findings.append(f"Not shown different from {best} at 95 % ({on}): {', '.join(by_verdict[INDISTINGUISHABLE])}.")
+    if baseline and baseline != best:
+        versus = best_row["versus"]["ls"]
+        if measure:
+            c = versus["delta_m"]
+            findings.append(f"{best} against {baseline}: Δm% {format_estimate(_as_estimate(c), 2, signed=True)}, "
+                            f"P(improvement) {c['probability_of_improvement']:.2f}: {_said(c['verdict'])}.")
+        else:
+            findings.append(f"{best} against {baseline}: " + "; ".join(
+                f"{t} {_said(c['verdict'])} (P(improvement) {c['probability_of_improvement']:.2f})"
+                for t, c in versus["tasks"].items()) + ".")
+    findings.append("Not dominated with confidence (Pareto set at 95 %): "
+                    f"{', '.join(summary['pareto_set_confident'])}.")
+    confident = bool(rows) and len(rows) > 1 and len(by_verdict[WORSE]) == len(rows) - 1
+    return {"headline": headline, "findings": findings, "confident": confident,
+            "warnings": list(summary.get("warnings", []))}
+
+
+def _said(verdict: str) -> str:
+    return "no verdict without an interval" if verdict == NO_INTERVAL else verdict
+
+
+def _as_estimate(comparison: Mapping[str, Any]) -> dict[str, Any]:
+    return {"mean": comparison["difference"], "low": comparison["low"], "high": comparison["high"],
+            "n": min(comparison["n"])}
 
 
 def _figure_png(fig) -> bytes:
@@ -82,64 +211,144 @@ def _figure_png(fig) -> bytes:
     return buf.getvalue()
 
 
-def pareto_plot(summary: Mapping[str, Any]) -> bytes:
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _error_box(summary: Mapping[str, Any], row: Mapping[str, Any], task: str) -> tuple[float, float, float]:
+    """A method's primary-metric error on ``task``: (mean, low, high) of its interval (low = high = mean
+    without one); a higher-is-better metric's interval turns over with the error."""
+    from mtlflow.metrics.task import metric_error
+
+    metric = summary["primary_metrics"][task]
+    spec = summary["metric_specs"][task][metric]
+    e = row["intervals"][task][metric]
+    ends = [metric_error(v, spec["higher_is_better"], spec["unit_interval"])
+            for v in ((e["low"], e["high"]) if e["low"] is not None else (e["mean"], e["mean"]))]
+    return metric_error(e["mean"], spec["higher_is_better"], spec["unit_interval"]), min(ends), max(ends)
+
+
+def _front_axes(ax, summary: Mapping[str, Any], colours: Mapping[str, str], i: int, j: int, legend: bool) -> None:
+    """Two tasks' primary errors: one cross per method (its 95 % intervals), a star for the Pareto set."""
+    tasks, primary = summary["tasks"], summary["primary_metrics"]
+    for label in sorted(summary["methods"]):
+        row = summary["methods"][label]
+        x, x_low, x_high = _error_box(summary, row, tasks[i])
+        y, y_low, y_high = _error_box(summary, row, tasks[j])
+        ax.errorbar([x], [y], xerr=[[x - x_low], [x_high - x]], yerr=[[y - y_low], [y_high - y]],
+                    fmt="*" if row["pareto_optimal"] else "o", ms=9 if row["pareto_optimal"] else 6,
+                    color=colours[label], capsize=3, lw=1.2, label=label if legend else None)
+    ax.set_xlabel(f"{tasks[i]} error ({primary[tasks[i]]}, {unit_note(summary, tasks[i])})", fontsize=8)
+    ax.set_ylabel(f"{tasks[j]} error ({primary[tasks[j]]}, {unit_note(summary, tasks[j])})", fontsize=8)
+    ax.tick_params(labelsize=7)
+
+
+def pareto_plot(summary: Mapping[str, Any]) -> bytes:
+    """The comparison figure. Two tasks: the per-task errors, one cross per method spanning its 95 %
+    intervals. Three or more: a heat map of the per-task Δ% against the single-task references (the error
+    relative to each task's hypervolume reference without references), and the pairwise fronts."""
+    plt = _pyplot()
     tasks = summary["tasks"]
     labels = sorted(summary["methods"])
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    colours = method_colours(labels)
     fronts = summary.get("preference_front_methods") or []
     if len(tasks) == 2:
-        colours = {}
-        for label in labels:
-            row = summary["methods"][label]
-            x, y = row["primary_errors"]
-            points = ax.scatter([x], [y], s=60, marker="*" if row["pareto_optimal"] else "o", label=label)
-            colours[label] = points.get_facecolor()[0]
-        for label in fronts:  # a Pareto-front method's grid points, in the colour of its single point
+        fig, ax = plt.subplots(figsize=(6.4, 4.8))
+        _front_axes(ax, summary, colours, 0, 1, legend=True)
+        for label in fronts:  # a Pareto-front method's grid points, in its colour
             learned = summary["methods"][label]["preference_front"]
             ax.plot([e[0] for e in learned["errors"]], [e[1] for e in learned["errors"]], marker=".", lw=1,
                     color=colours[label], label=f"{label}: learned front (HV {learned['hypervolume']:.4f})")
-        front = sorted((summary["methods"][m]["primary_errors"] for m in summary["pareto_set"]))
+        front = sorted(summary["methods"][m]["primary_errors"] for m in summary["pareto_set"])
         if len(front) > 1:
-            ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=0.8, label="Pareto set")
-        ax.set_xlabel(f"{tasks[0]} error ({summary['primary_metrics'][tasks[0]]})")
-        ax.set_ylabel(f"{tasks[1]} error ({summary['primary_metrics'][tasks[1]]})")
-        ax.set_title("Per-task errors (lower-left is better; * = non-dominated)")
-    else:
-        for label in labels:
-            ax.plot(range(len(tasks)), summary["methods"][label]["primary_errors"], marker="o", label=label)
-        ax.set_xticks(range(len(tasks)), tasks, rotation=45, ha="right")
-        ax.set_ylabel("error of the primary metric")
-        ax.set_title("Per-task errors (parallel coordinates)")
-    if fronts:  # more entries: beside the axes, not over the points
+            ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=0.8, label="Pareto set (means)")
+        ax.set_title("Per-task errors, mean and 95 % interval over seeds\n(lower-left is better; * = non-dominated)",
+                     fontsize=9)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     else:
-        ax.legend(fontsize=8)
+        pairs = list(itertools.combinations(range(len(tasks)), 2))
+        columns = min(3, len(pairs))
+        grid_rows = 1 + -(-len(pairs) // columns)
+        fig = plt.figure(figsize=(4.2 * columns, 3.6 * grid_rows + 0.35 * len(labels)))
+        spec = fig.add_gridspec(grid_rows, columns)
+        _heat_map(fig.add_subplot(spec[0, :]), summary, labels, colours)
+        for n, (i, j) in enumerate(pairs):
+            _front_axes(fig.add_subplot(spec[1 + n // columns, n % columns]), summary, colours, i, j, legend=n == 0)
+        fig.legend(loc="lower center", ncol=min(len(labels), 6), fontsize=8, bbox_to_anchor=(0.5, -0.02))
+        fig.tight_layout(rect=(0, 0.04, 1, 1))
     data = _figure_png(fig)
     plt.close(fig)
     return data
 
 
+def _heat_map(ax, summary: Mapping[str, Any], labels: Sequence[str], colours: Mapping[str, str]) -> None:
+    """Methods x tasks, no units: Δ% against the single-task reference (0 = as good; red = worse), or without
+    references the error as a share of the task's hypervolume reference error."""
+    import numpy as np
+
+    tasks = summary["tasks"]
+    rows = summary["methods"]
+    relative = summary["references"] is not None
+    values = np.full((len(labels), len(tasks)), np.nan)
+    text = [["" for _ in tasks] for _ in labels]
+    for a, label in enumerate(labels):
+        for b, task in enumerate(tasks):
+            if relative:
+                e = rows[label].get("delta_task", {}).get(task)
+                if e is not None:
+                    values[a, b] = e["mean"]
+                    text[a][b] = format_estimate(e, 1, signed=True).replace(" [", "\n[")
+            else:
+                scale = summary["hypervolume_normalised"]["scale"][b]
+                values[a, b] = rows[label]["primary_errors"][b] / scale
+                text[a][b] = f"{values[a, b]:.3f}"
+    finite = np.abs(values[np.isfinite(values)])
+    if relative:
+        bound = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+        image = ax.imshow(values, cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
+        title = "Δ% per task against the single-task reference (mean [95 %]; < 0 better, > 0 worse)"
+    else:
+        image = ax.imshow(values, cmap="Reds", vmin=0, aspect="auto")
+        title = "error / the task's hypervolume reference error (lower is better)"
+    for a in range(len(labels)):
+        for b in range(len(tasks)):
+            dark = np.isfinite(values[a, b]) and image.norm(values[a, b]) > 0.8 or image.norm(values[a, b]) < 0.2
+            ax.text(b, a, text[a][b] or "–", ha="center", va="center", fontsize=8,
+                    color="white" if dark else "black")
+    ax.set_xticks(range(len(tasks)), [f"{t} ({summary['primary_metrics'][t]})" for t in tasks], fontsize=8)
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    for tick, label in zip(ax.get_yticklabels(), labels):
+        tick.set_color(colours[label])
+        tick.set_fontweight("bold")
+    ax.set_title(title, fontsize=9)
+    ax.figure.colorbar(image, ax=ax, fraction=0.025, pad=0.01)
+
+
 def curves_plot(runs: Sequence[Mapping[str, Any]], split: str) -> bytes:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """The primary metric per epoch on ``split``: one colour per method (the report's palette), one line
+    style per seed."""
     from mtlflow.engine.rundir import run_label
 
+    plt = _pyplot()
     tasks = runs[0]["metrics"]["tasks"]
     primary = runs[0]["metrics"]["primary_metrics"]
+    colours = method_colours([run_label(r["run"]) for r in runs])
+    styles = ["-", "--", ":", "-."]
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
-        for r in runs:
+        seen: dict[str, int] = {}
+        for r in sorted(runs, key=lambda r: (run_label(r["run"]), r["run"]["config"]["seed"])):
+            label = run_label(r["run"])
+            nth = seen[label] = seen.get(label, -1) + 1
             epochs = r["metrics"]["epochs"]
             ax.plot([e["epoch"] for e in epochs], [e["splits"][split][task][primary[task]] for e in epochs],
-                    label=f"{run_label(r['run'])} s{r['run']['config']['seed']}", lw=1)
+                    color=colours[label], ls=styles[nth % len(styles)], lw=1,
+                    label=f"{label} s{r['run']['config']['seed']}")
         ax.set_title(f"{task}: {split} {primary[task]}")
         ax.set_xlabel("epoch")
     axes[0][0].legend(fontsize=7)
@@ -148,60 +357,113 @@ def curves_plot(runs: Sequence[Mapping[str, Any]], split: str) -> bytes:
     return data
 
 
-def html_report(summary: Mapping[str, Any], pareto_png: bytes, curves_png: bytes) -> str:
+def _environment():
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+
+    env = Environment(loader=FileSystemLoader(TEMPLATES),
+                      autoescape=select_autoescape(enabled_extensions=("html.j2",), default=False),
+                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    return env
+
+
+def _context(summary: Mapping[str, Any]) -> dict[str, Any]:
+    if "statistics" not in summary:
+        raise DataError("results.json was written by an older mtlflow (no intervals); re-run `mtlflow aggregate`")
     header, rows = table_rows(summary)
-    table = "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"
-    table += "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
-    table += "</table>"
     refs = summary["references"]
-    ref_html = "<p>No single-task references: Δm% not computed.</p>"
-    if refs:
-        ref_html = "<ul>" + "".join(
-            f"<li>{html.escape(t)}: " + ", ".join(f"{html.escape(m)} = {v:.4f}" for m, v in vals.items()) + "</li>"
-            for t, vals in refs["metrics"].items()) + "</ul>"
-
-    def img(data: bytes, alt: str) -> str:
-        return f'<img alt="{alt}" src="data:image/png;base64,{base64.b64encode(data).decode()}"/>'
-
-    title = html.escape(summary.get("dataset", summary["benchmark"]))  # summaries before datasets had labels
-    return f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>mtlflow report: {title}</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #bbb;padding:4px 8px;text-align:right}}td:first-child{{text-align:left}}</style>
-</head><body>
-<h1>mtlflow report: {title}</h1>
-<p>Data hash <code>{html.escape(summary['data_hash'])}</code>; split <b>{html.escape(summary['split'])}</b>;
-selection rule(s): {html.escape(', '.join(summary['selection_rules']))}; the test split never selects an epoch.</p>
-<h2>Results</h2>{table}
-<p>Mean rank over: {html.escape(', '.join(summary['mean_rank_method_set']))}.
-Hypervolume reference point {summary['hypervolume_reference_point']} on {html.escape(summary['hypervolume_objective'])};
-HV of all methods together: {summary['hypervolume_all_methods']:.4f}.
-Pareto set: {html.escape(', '.join(summary['pareto_set']))}.</p>
-{_fronts_html(summary)}<h2>Single-task references</h2>{ref_html}{_paper_html(summary)}
-<h2>Pareto plot</h2>{img(pareto_png, 'Pareto plot')}
-<h2>Learning curves</h2>{img(curves_png, 'learning curves')}
-</body></html>
-"""
+    return {
+        "s": summary, "title": summary.get("dataset", summary["benchmark"]), "box": verdict_box(summary),
+        "results": {"header": header, "rows": rows},
+        "comparisons": dict(zip(("header", "rows"), comparison_rows(summary))),
+        "deltas": dict(zip(("header", "rows"), delta_rows(summary))) if refs else None,
+        "reference_values": {t: ", ".join(f"{m}={_reference_value(refs, t, m, v)}" for m, v in vals.items())
+                             for t, vals in refs["metrics"].items()} if refs else None,
+        "excluded": [(kind.replace("_", " "), ", ".join(f"{t}/{m}" for t, names in excluded.items() for m in names))
+                     for kind, excluded in summary.get("delta_m_excluded", {}).items() if excluded],
+        "fronts": front_tables(summary),
+        "units": {t: unit_note(summary, t) for t in summary["tasks"]},
+    }
 
 
-def _fronts_html(summary: Mapping[str, Any]) -> str:
-    """The Pareto-front methods' tables (PaLoRA): front hypervolume and every grid point."""
-    parts = []
-    for title, header, rows in front_tables(summary):
-        parts.append(f"<h3>{html.escape(title)}</h3><table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header)
-                     + "</tr>" + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
-                                         for r in rows) + "</table>")
-    return ("<h2>Learned Pareto fronts</h2>" + "".join(parts)) if parts else ""
+def _reference_value(refs: Mapping[str, Any], task: str, metric: str, mean: float) -> str:
+    """A reference metric: its mean with the interval over the reference seeds (summaries written before
+    reference intervals: the mean alone)."""
+    interval = refs.get("intervals", {}).get(task, {}).get(metric)
+    return format_estimate(interval) if interval else f"{mean:.4f}"
 
 
-def _paper_html(summary: Mapping[str, Any]) -> str:
-    paper = summary.get("paper_references")
-    if not paper:
-        return ""
-    values = "".join(f"<li>{html.escape(t)}: " + ", ".join(f"{html.escape(m)} = {v:g}" for m, v in vals.items())
-                     + "</li>" for t, vals in paper["metrics"].items())
-    return (f"<p>Δm% ({html.escape(paper['label'])}) uses the published single-task values of "
-            f"{html.escape(paper['source'])}:</p><ul>{values}</ul>")
+def markdown_table(summary: Mapping[str, Any]) -> str:
+    header, rows = table_rows(summary)
+    return _markdown(header, rows)
+
+
+def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def markdown_summary(summary: Mapping[str, Any]) -> str:
+    env = _environment()
+    env.filters["markdown"] = lambda table: _markdown(table["header"], table["rows"])
+    return env.get_template("results.md.j2").render(**_context(summary))
+
+
+def html_report(summary: Mapping[str, Any], pareto_png: bytes, curves_png: bytes) -> str:
+    """The self-contained HTML report (figures embedded as PNG data URIs, no external resource)."""
+    images = {"comparison": base64.b64encode(pareto_png).decode(), "curves": base64.b64encode(curves_png).decode()}
+    return _environment().get_template("report.html.j2").render(images=images, **_context(summary))
+
+
+def csv_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """One row per method, every interval in its own numeric columns (mean, low, high; empty without an
+    interval) and the verdicts against LS and the best method, for spreadsheets."""
+    tasks, primary = summary["tasks"], summary["primary_metrics"]
+    header = ["method", "seeds"]
+    estimates: list[tuple[str, Any]] = [(f"{t} {primary[t]}", lambda row, t=t: row["intervals"][t][primary[t]])
+                                        for t in tasks]
+    if summary["references"] is not None:
+        estimates += [(f"{t} delta%", lambda row, t=t: row.get("delta_task", {}).get(t)) for t in tasks]
+        estimates.append(("delta_m%", lambda row: row["delta_m_interval"]))
+    if summary.get("paper_references"):
+        estimates.append(("delta_m% paper", lambda row: row["delta_m_paper_interval"]))
+    estimates.append(("hypervolume (normalised)", lambda row: row["hypervolume_interval"]))
+    for name, _ in estimates:
+        header += [name, f"{name} low", f"{name} high"]
+    header += ["mean rank", "mean rank low", "mean rank high"]
+    roles = [("ls", summary.get("baseline")), ("best", summary["best_method"])]
+    for role, other in roles:
+        if other:
+            header += [f"vs {role} on", f"vs {role} difference", f"vs {role} low", f"vs {role} high",
+                       f"vs {role} P(improvement)", f"vs {role} verdict"]
+    header += ["pareto (means)", "pareto (95 %)", "step s"]
+
+    def number(value: float | None) -> str:
+        return "" if value is None else repr(float(value))
+
+    rows = []
+    for label, row in _order(summary):
+        cells = [label, str(len(row["seeds"]))]
+        for _, get in estimates:
+            e = get(row)
+            cells += [number(e and e["mean"]), number(e and e["low"]), number(e and e["high"])]
+        interval = row.get("mean_rank_interval") or [None, None]
+        cells += [number(row.get("mean_rank")), number(interval[0]), number(interval[1])]
+        for role, other in roles:
+            if not other:
+                continue
+            versus = row["versus"].get(role)
+            if versus is None:
+                cells += ["", "", "", "", "", ""]
+                continue
+            on, c = ("delta_m%", versus["delta_m"]) if "delta_m" in versus else (
+                f"{tasks[0]} {primary[tasks[0]]}", versus["tasks"][tasks[0]])
+            cells += [on, number(c["difference"]), number(c["low"]), number(c["high"]),
+                      number(c["probability_of_improvement"]), c["verdict"]]
+        cells += ["yes" if row["pareto_optimal"] else "no", "yes" if row.get("pareto_confident") else "no",
+                  number(row["step_seconds_median"])]
+        rows.append(cells)
+    return header, rows
 
 
 def write_report(summary: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], out_dir: Path) -> None:
@@ -211,7 +473,7 @@ def write_report(summary: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], 
     curves_png = curves_plot(runs, summary["split"])
     atomic.write_json(out_dir / "results.json", summary)
     atomic.write_text(out_dir / "results.md", markdown_summary(summary))
-    header, rows = table_rows(summary)
+    header, rows = csv_rows(summary)
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(header)

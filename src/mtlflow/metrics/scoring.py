@@ -9,6 +9,10 @@
   point (``moocore.hypervolume``; minimisation). Points not strictly better than the reference in
   every coordinate contribute nothing.
 * Pareto set: the points not dominated by any other (≤ in all coordinates, < in one).
+
+Over seeds (:mod:`mtlflow.metrics.intervals` holds the bootstrap): the per-task Δ% (:func:`task_delta`), the
+hypervolume on errors scaled by each task's reference error (:func:`normalised_hypervolume`), the Pareto set
+at 95 % (:func:`confident_pareto_mask`) and the interval of the mean rank (:func:`mean_rank_interval`).
 """
 
 from __future__ import annotations
@@ -122,3 +126,72 @@ def hypervolume(points: Sequence[Sequence[float]], reference: Sequence[float]) -
     if len(inside) == 0:
         return 0.0
     return float(moocore.hypervolume(inside, ref=ref))
+
+
+def task_delta(value: float, reference: float, higher_is_better: bool) -> float:
+    """Δ% of one task metric against its single-task reference, oriented like Δm% (positive = worse than the
+    reference): ``(-1)^δ (value - reference) / |reference| x 100``; NaN when the reference is 0 or undefined."""
+    if not np.isfinite(reference) or reference == 0:
+        return float("nan")
+    sign = -1.0 if higher_is_better else 1.0
+    return 100.0 * sign * (float(value) - reference) / abs(reference)
+
+
+def normalised_hypervolume(errors: Sequence[Sequence[float]], scale: Sequence[float]) -> float:
+    """Hypervolume of ``errors`` divided task by task by ``scale`` (the benchmark's per-task hypervolume
+    reference error, in the task's own units) with the reference point 1 in every task: the share of the
+    box [0, scale] the points dominate, a number in [0, 1] without units. It orders methods exactly as the
+    hypervolume in raw units with reference point ``scale`` does (that one is this times ∏ scale)."""
+    pts = np.asarray(errors, dtype=float) / np.asarray(scale, dtype=float)
+    return hypervolume(pts, np.ones(pts.shape[1]))
+
+
+def confident_pareto_mask(per_seed_errors: Sequence[Sequence[Sequence[float]]]) -> list[bool]:
+    """True for the methods not dominated with confidence (minimisation). ``per_seed_errors[i]`` holds
+    method i's per-task errors, one row per seed.
+
+    Method i is dominated with confidence when some method j is better on every task with 95 % confidence:
+    for every task, the stratified bootstrap interval of mean error_j - mean error_i
+    (:func:`mtlflow.metrics.intervals.difference_interval`) lies entirely below 0. Requiring every task
+    at 95 % is an intersection-union test, so its level is 95 % without a multiple-comparison correction.
+    With one seed on either side there is no interval, so nothing is dominated with confidence.
+    """
+    from mtlflow.metrics.intervals import difference_interval
+
+    seeds = [np.asarray(e, dtype=float) for e in per_seed_errors]
+    n = len(seeds)
+
+    def dominates(j: int, i: int) -> bool:
+        for task in range(seeds[i].shape[1]):
+            diff = difference_interval(seeds[j][:, task], seeds[i][:, task])
+            if diff.high is None or diff.high >= 0:
+                return False
+        return True
+
+    return [not any(j != i and dominates(j, i) for j in range(n)) for i in range(n)]
+
+
+def mean_rank_interval(per_seed_values: Mapping[str, np.ndarray],
+                       higher_is_better: Sequence[bool]) -> dict[str, tuple[float, float]] | None:
+    """The 95 % interval of every method's mean rank: a bootstrap that resamples each method's seeds
+    independently (stratified by method), ranks the methods' resampled means on every column (ties share
+    the mean rank, an undefined value ranks last, as in :func:`mean_rank`) and averages the ranks.
+    ``per_seed_values[method]`` is a (seeds, columns) array; ``higher_is_better`` orients each column.
+    None when a method has a single seed (no interval)."""
+    from scipy.stats import rankdata
+
+    from mtlflow.metrics.intervals import bootstrap_interval
+
+    methods = list(per_seed_values)
+    if len(methods) < 2 or any(len(per_seed_values[m]) < 2 for m in methods):
+        return None
+    sign = np.where(np.asarray(higher_is_better), -1.0, 1.0)
+    oriented = [np.nan_to_num(np.asarray(per_seed_values[m], dtype=float) * sign, nan=np.inf) for m in methods]
+
+    def ranks(*seed_indices: np.ndarray, axis: int = -1) -> np.ndarray:
+        # seed_indices[m]: (..., resamples, seeds of m) -> means (methods, ..., resamples, columns)
+        means = np.stack([o[idx.astype(int)].mean(axis=-2) for o, idx in zip(oriented, seed_indices)])
+        return rankdata(means, axis=0).mean(axis=-1)  # (methods, ..., resamples)
+
+    low, high = bootstrap_interval([np.arange(len(o), dtype=float) for o in oriented], ranks)
+    return {m: (float(lo), float(hi)) for m, lo, hi in zip(methods, low, high)}

@@ -251,7 +251,7 @@ def front_tables(summary: Mapping[str, Any]) -> list[tuple[str, list[str], list[
                          f"{front['hypervolume_seed_mean']:.4f} ± {front['hypervolume_seed_std']:.4f}",
                          f"{front['non_dominated']}/{len(front['errors'])}",
                          ", ".join("–" if r is None else f"{r:+.2f}" for r in front["spearman"].values()),
-                         f"{row['hypervolume']:.4f}",
+                         f"{row.get('hypervolume_raw', row['hypervolume']):.4f}",  # raw units, as the fronts
                          ", ".join(front["dominates"]) or "none"])
     tables = [(f"Pareto-front methods ({summary['split']} split, hypervolume reference point {ref})",
                ["method", "seeds", "grid points", "HV of the mean front ↑", "HV per seed ↑",
