@@ -198,6 +198,13 @@ def run_local(params: Mapping[str, Any], workdir: str | Path = "runs/pipeline", 
     if spec and "://" not in spec:  # the tasks run in other processes: a spec path relative to here, made absolute
         params = {**params, "spec": str(Path(spec).resolve())}
     config = pipeline_config(name, params)
+    from mtlflow.jobs.data import source_paths
+
+    # the workdir holds the DVC storage and artifacts: it must keep clear of the data it is prepared from
+    sources = source_paths(config.build_benchmark(), config.preparation()[1])
+    check_output_dir(workdir, "--workdir", sources)
+    if storage_root is not None:
+        check_output_dir(storage_root, "--storage-root", sources)
     # One torch thread per task and as many concurrent tasks as cores: oversubscribed intra-op
     # threads made a 4-way parallel CPU run 3-4x slower than this.
     cores = max(1, len(os.sched_getaffinity(0)))

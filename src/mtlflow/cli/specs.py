@@ -13,8 +13,9 @@ def cmd_spec_init(args: argparse.Namespace) -> int:
     from mtlflow.benchmarks._spec.infer import infer_spec
     from mtlflow.core import atomic
     from mtlflow.core.errors import InvalidParameterError
+    from mtlflow.core.outputs import check_output_path
 
-    out = Path(args.out)
+    out = check_output_path(args.out, "--out", "file", [("the table", args.table), ("--images", args.images, True)])
     if out.exists() and not args.overwrite:
         raise InvalidParameterError(f"{out} exists; give another --out or --overwrite to replace it")
     atomic.write_text(out, infer_spec(args.table, csv_list(args.tasks) or [], out, images=args.images))
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("what", choices=["init"], help="init: write a spec from the table")
     p.add_argument("table", help="the CSV or Parquet file")
     p.add_argument("--tasks", required=True, help="the label columns, comma-separated (one task each)")
-    p.add_argument("--out", required=True, help="the spec file to write (YAML)")
+    p.add_argument("--out", required=True, help="the spec file to write (YAML); not the table")
     p.add_argument("--images", help="an image table's folder of images, when it is not the table's folder or one of "
                                     "its subfolders (a column of image file names makes the spec an image spec)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")

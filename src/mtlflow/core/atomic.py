@@ -6,6 +6,7 @@ A killed process therefore leaves either the previous file or the new one, never
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -27,23 +28,68 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+#: what the file system answers when it cannot take a write at all (not a bug of the writer)
+STORAGE_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is exceeded",
+                  errno.EROFS: "the file system is read-only"}
+
+
+@contextlib.contextmanager
+def storage_errors(target: Path) -> Iterator[None]:
+    """A full, over-quota or read-only file system while writing ``target`` as one
+    :class:`~mtlflow.core.errors.StorageError` line naming the file and the fix; other errors pass."""
+    from mtlflow.core.errors import StorageError
+
+    try:
+        yield
+    except Exception as exc:
+        cause = _storage_cause(exc)
+        if cause is None:
+            raise
+        raise StorageError(f"cannot write {target}: {STORAGE_ERRNOS[cause]}; free space (or make it "
+                           "writable) or choose an output on another file system") from None
+
+
+def _storage_cause(exc: BaseException | None) -> int | None:
+    """The errno of a storage OSError that ``exc`` is or was raised while handling (torch.save's zip writer
+    answers a full disk with a RuntimeError raised on top of the OSError)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
+            return exc.errno
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _remove_temporary(path: Path) -> None:
+    """Best-effort removal of a temporary file or folder: on a file system that just turned read-only it
+    cannot go, and the next writer's clean-up (:func:`mtlflow.core.outputs.remove_orphaned_temp_files`)
+    removes it."""
+    with contextlib.suppress(OSError):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``target``; rename it onto ``target`` on success."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
+    with storage_errors(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
     tmp_path = Path(tmp)
     try:
-        yield tmp_path
-        if tmp_path.exists():
-            os.chmod(tmp_path, 0o644)
-        os.replace(tmp_path, target)
-        _fsync_dir(target.parent)
+        with storage_errors(target):
+            yield tmp_path
+            if tmp_path.exists():
+                os.chmod(tmp_path, 0o644)
+            os.replace(tmp_path, target)
+            _fsync_dir(target.parent)
     finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
+        _remove_temporary(tmp_path)
 
 
 def write_bytes(target: str | os.PathLike, data: bytes) -> None:
@@ -62,6 +108,18 @@ def write_json(target: str | os.PathLike, obj: Any) -> None:
     write_text(target, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
 
 
+def rewrite_json_in_place(target: str | os.PathLike, obj: Any) -> None:
+    """Overwrite the existing small JSON file ``target`` in place: NOT atomic, the last resort when the file
+    system is full and has no room for a temporary copy (truncating frees the file's own blocks, which the
+    new content then reuses). A run's final status is written this way rather than left saying "running"."""
+    target = Path(target)
+    with storage_errors(target), open(target, "r+b") as fh:
+        fh.truncate(0)
+        fh.write((json.dumps(obj, indent=2, default=_json_default) + "\n").encode("utf-8"))
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 def _json_default(obj: Any) -> Any:
     if hasattr(obj, "tolist"):
         return obj.tolist()
@@ -73,8 +131,11 @@ def _json_default(obj: Any) -> Any:
 def torch_save(obj: Any, target: str | os.PathLike) -> None:
     import torch
 
-    with atomic_path(target) as tmp:
-        torch.save(obj, tmp)
+    with atomic_path(target) as tmp, open(tmp, "wb") as fh:
+        # through a Python file, so that a full disk is an OSError (ENOSPC) and not torch's RuntimeError
+        torch.save(obj, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 @contextlib.contextmanager
@@ -84,23 +145,24 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     An existing ``target`` is replaced only after the new content is complete.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    with storage_errors(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
-        yield tmp
-        os.chmod(tmp, 0o755)
-        if target.exists():
-            # a unique ``.tmp`` name: if this process dies mid-swap, the next writer's clean-up finds it
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", suffix=".tmp", dir=target.parent))
-            os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, target)
-        _fsync_dir(target.parent)
+        with storage_errors(target):
+            yield tmp
+            os.chmod(tmp, 0o755)
+            if target.exists():
+                # a unique ``.tmp`` name: if this process dies mid-swap, the next writer's clean-up finds it
+                old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", suffix=".tmp", dir=target.parent))
+                os.replace(target, old)
+                os.replace(tmp, target)
+                shutil.rmtree(old)
+            else:
+                os.replace(tmp, target)
+            _fsync_dir(target.parent)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        _remove_temporary(tmp)
 
 
 def read_json(path: str | os.PathLike, what: str = "file") -> Any:

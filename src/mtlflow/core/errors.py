@@ -31,6 +31,13 @@ class InvalidParameterError(UsageError):
     """A hyper-parameter or configuration value outside its allowed range."""
 
 
+class StorageError(MtlflowError):
+    """The file system refused a write mid-command: full, over quota or read-only (exit code 2, like an
+    unusable output path found before the command started)."""
+
+    exit_code = 2
+
+
 class OutputInUseError(MtlflowError):
     """An output directory is locked by another running mtlflow process (exit code 6)."""
 

@@ -1,7 +1,9 @@
 """One guard for every path mtlflow writes: run directories, prepared datasets, caches and workdirs.
 
-Every command checks its output paths *before* it loads data or builds a model
-(:func:`check_output_dir`), and a command that writes a run or dataset directory holds an exclusive
+Every command checks its output paths *before* it loads data or builds a model, with one guard
+(:func:`check_output_path`; :func:`check_output_dir` for directories): the path is resolved (symlink
+loops, dangling links and kernel file systems refused), must be of the right kind, writable, and clear of
+the command's inputs. A command that writes a run or dataset directory holds an exclusive
 lock on it for as long as it writes (:func:`locked_dir`). The lock is an ``flock`` on a hidden file
 holding the writer's pid: the kernel drops it when the writer dies (even by SIGKILL), so a lock can
 never go stale, and while it is held no other mtlflow process writes there -- which is what makes
@@ -16,15 +18,18 @@ metrics beside its own failed ``run.json``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import glob
+import json
 import os
 import re
 import shutil
 import sys
-from pathlib import Path
-from typing import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Iterable, Iterator, Literal
 
+from mtlflow.core.atomic import storage_errors
 from mtlflow.core.errors import InvalidParameterError, OutputInUseError
 from mtlflow.core.hashing import MANIFEST_NAME
 
@@ -34,26 +39,114 @@ RUN_FILES = ("run.json", "metrics.json", "checkpoint.pt", "model.pt", "evaluatio
              "pareto_front.png")
 
 
-def check_output_dir(path: str | os.PathLike, flag: str) -> Path:
-    """``path`` as a directory mtlflow may create or write; one-line errors name ``flag`` and the fix."""
+#: kernel file systems: writable for root, but nothing written there is a file (``/dev/shm`` is plain memory)
+KERNEL_FILE_SYSTEMS = (Path("/proc"), Path("/sys"), Path("/dev"))
+#: the inputs of a command, each (what the user called it, e.g. "--data", its path[, True]); a path None is not
+#: given; a third item True marks a folder whose files are read by name (an image folder), which an output may
+#: lie inside (the images are not touched) but not be or contain
+Inputs = Iterable[tuple]
+
+
+def check_output_path(path: str | os.PathLike, flag: str, kind: Literal["dir", "file"] = "dir",
+                      inputs: Inputs = ()) -> Path:
+    """The one guard of every path mtlflow writes, called before any data is read: ``path`` as a
+    directory (``kind="dir"``) or file (``kind="file"``) that this command may create or replace.
+
+    Refused, each with one line naming ``flag`` and the fix: an empty path; a symlink loop or a dangling
+    symlink on the way; ``/proc``, ``/sys``, ``/dev``; the current directory or one of its parents (a
+    directory); a file where a directory is needed, a directory where a file is, a path below a file; an
+    output equal to, inside or containing one of the command's ``inputs`` (their files would be
+    replaced, or the output read back as input); a directory that is read-only, not writable or on a full
+    file system. Returns ``path`` as given (a :class:`~pathlib.Path`)."""
     if not str(path).strip():
-        raise InvalidParameterError(f"{flag} is empty; give a directory path")
+        raise InvalidParameterError(f"{flag} is empty; give a {_kind_name(kind)} path")
     target = Path(path)
-    resolved = target.resolve()
-    cwd = Path.cwd().resolve()
-    if resolved == cwd or resolved in cwd.parents:
-        raise InvalidParameterError(f"{flag} {path} is the current directory or one of its parents; "
-                                    "give a new sub-directory, e.g. runs/NAME")
+    resolved = _resolve(target, flag)
+    for system in KERNEL_FILE_SYSTEMS:
+        if (resolved == system or system in resolved.parents) and Path("/dev/shm") not in (resolved, *resolved.parents):
+            raise InvalidParameterError(f"{flag} {path} is in {system}, a kernel file system, not storage; choose a "
+                                        "location on disk")
     existing = resolved
     while not existing.exists():
         existing = existing.parent
-    if not existing.is_dir():
-        where = f"{flag} {path} is a file" if existing == resolved else f"{flag} {path} lies below the file {existing}"
-        raise InvalidParameterError(f"{where}, not a directory; give a directory path")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise InvalidParameterError(f"{flag} {path}: {existing} is not writable (permission denied); "
-                                    "choose a writable location")
+    if kind == "dir":
+        cwd = Path.cwd().resolve()
+        if resolved == cwd or resolved in cwd.parents:
+            raise InvalidParameterError(f"{flag} {path} is the current directory or one of its parents; "
+                                        "give a new sub-directory, e.g. runs/NAME")
+        if not existing.is_dir():
+            where = (f"{flag} {path} is a file" if existing == resolved else
+                     f"{flag} {path} lies below the file {existing}")
+            raise InvalidParameterError(f"{where}, not a directory; give a directory path")
+    elif existing == resolved and resolved.is_dir():
+        raise InvalidParameterError(f"{flag} {path} is a directory, not a file; give a file path, e.g. "
+                                    f"{Path(path) / 'result.json'}")
+    elif existing != resolved and not existing.is_dir():
+        raise InvalidParameterError(f"{flag} {path} lies below the file {existing}, not in a directory; give a "
+                                    "file path in a directory")
+    _check_inputs(target, resolved, flag, kind, inputs)
+    _check_writable(path, existing if existing.is_dir() else existing.parent, flag)
     return target
+
+
+def check_output_dir(path: str | os.PathLike, flag: str, inputs: Inputs = ()) -> Path:
+    """:func:`check_output_path` of a directory."""
+    return check_output_path(path, flag, "dir", inputs)
+
+
+def _kind_name(kind: str) -> str:
+    return "directory" if kind == "dir" else "file"
+
+
+def _resolve(target: Path, flag: str) -> Path:
+    """``target`` made absolute with every symlink resolved; a loop or a dangling link on the way is refused
+    (mkdir would fail on it, or a write follow it to an unexpected place)."""
+    absolute = Path(os.path.abspath(target))
+    for prefix in (*reversed(absolute.parents), absolute):
+        if not prefix.is_symlink():
+            continue
+        try:
+            os.stat(prefix)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise InvalidParameterError(f"{flag} {target}: {prefix} is a symlink loop; remove the link or "
+                                            "give another path") from None
+            raise InvalidParameterError(f"{flag} {target}: {prefix} is a symlink to {os.readlink(prefix)}, which "
+                                        "does not exist; remove the link or create its target") from None
+    return absolute.resolve()
+
+
+def _check_inputs(target: Path, resolved: Path, flag: str, kind: str, inputs: Inputs) -> None:
+    for name, given, *read_by_name in inputs:
+        if given is None or not str(given).strip():
+            continue
+        source = Path(given).resolve()
+        if source == resolved:
+            relation = "is"
+        elif source in resolved.parents and not any(read_by_name):
+            relation = "lies inside"
+        elif resolved in source.parents:
+            relation = "contains"
+        else:
+            continue
+        fix = "choose a directory outside every input, e.g. runs/NAME" if kind == "dir" else \
+            "choose a file outside every input"
+        raise InvalidParameterError(f"{flag} {target} {relation} {name} {given}, an input of this command (its "
+                                    f"data would be overwritten or read back); {fix}")
+
+
+def _check_writable(path: str | os.PathLike, directory: Path, flag: str) -> None:
+    """``directory`` (the deepest existing one on the way to ``path``) must take new files."""
+    stats = os.statvfs(directory)
+    if stats.f_flag & os.ST_RDONLY:
+        raise InvalidParameterError(f"{flag} {path}: {directory} is on a read-only file system; choose a writable "
+                                    "location")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise InvalidParameterError(f"{flag} {path}: {directory} is not writable (permission denied); "
+                                    "choose a writable location")
+    if stats.f_blocks > 0 and stats.f_bavail == 0:  # (a file system that reports no sizes has f_blocks 0)
+        raise InvalidParameterError(f"{flag} {path}: the file system of {directory} is full; free space or choose "
+                                    "another location")
 
 
 def _holder(lock_file: Path) -> str:
@@ -76,9 +169,10 @@ def locked_dir(lock_file: str | os.PathLike, what: str) -> Iterator[None]:
             raise OutputInUseError(f"{what} is in use by {_holder(lock_file)}; wait for it to finish or "
                                    "choose another output directory") from None
         try:
-            handle.truncate(0)
-            handle.write(f"{os.getpid()}\n")
-            handle.flush()
+            with storage_errors(lock_file):  # a disk that filled up since the guard checked it
+                handle.truncate(0)
+                handle.write(f"{os.getpid()}\n")
+                handle.flush()
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
@@ -198,13 +292,51 @@ def _check_dataset_target(path: Path, overwrite: bool, flag: str) -> None:
         if not overwrite:
             raise InvalidParameterError(f"{flag} {path} already holds a prepared dataset; pass --overwrite "
                                         "to replace it or choose another directory")
+        recorded = prepared_files(path)
+        if recorded is None:
+            raise InvalidParameterError(f"{flag} {path}: its {MANIFEST_NAME} lists no files (an older or edited "
+                                        "manifest), so prepare cannot tell its files from yours; delete the "
+                                        "directory yourself or choose another one (nothing was deleted)")
+        foreign = foreign_entries(path, recorded)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            raise InvalidParameterError(f"{flag} {path} holds files that prepare did not write ({shown}); "
+                                        "--overwrite replaces only a prepared dataset: move them out or choose "
+                                        "another directory (nothing was deleted)")
+
+
+def prepared_files(data_dir: Path) -> set[str] | None:
+    """The files ``prepare`` wrote into ``data_dir`` as its manifest lists them (``files``, plus the manifest);
+    None when the manifest cannot be read or lists none."""
+    try:
+        recorded = json.loads((data_dir / MANIFEST_NAME).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return {MANIFEST_NAME, *recorded} if isinstance(recorded, dict) else None
+
+
+def foreign_entries(data_dir: Path, ours: set[str]) -> list[str]:
+    """What ``data_dir`` holds beyond the files ``ours`` (relative POSIX paths) and their folders, relative
+    and sorted; a foreign folder is named once (``sub/``), with everything in it."""
+    folders = {parent.as_posix() for name in ours for parent in PurePosixPath(name).parents}
+    foreign = []
+    for root, dirs, files in os.walk(data_dir):
+        here = Path(root).relative_to(data_dir)
+        for name in sorted(dirs):
+            relative = (here / name).as_posix()
+            if relative not in folders:
+                foreign.append(relative + "/")
+                dirs.remove(name)  # its content goes with it
+        foreign.extend((here / name).as_posix() for name in files if (here / name).as_posix() not in ours)
+    return sorted(foreign)
 
 
 @contextlib.contextmanager
 def dataset_dir_guard(out: str | os.PathLike, overwrite: bool = False, flag: str = "--out") -> Iterator[Path]:
     """Check and lock the target of ``prepare``; an existing directory is replaced only if it is a
-    prepared dataset and ``overwrite`` is set (anything else in it is never deleted). The lock is a
-    sibling file, ``.<name>.lock``, because the directory itself is swapped in whole."""
+    prepared dataset holding nothing but what ``prepare`` wrote (:func:`prepared_files`) and ``overwrite``
+    is set: the user's own files are never deleted. The lock is a sibling file, ``.<name>.lock``, because
+    the directory itself is swapped in whole."""
     path = check_output_dir(out, flag)
     _check_dataset_target(path, overwrite, flag)  # a refused prepare writes nothing, not even the lock
     with locked_dir(path.parent / f".{path.name}.lock", f"data directory {path}"):

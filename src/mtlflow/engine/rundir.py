@@ -14,7 +14,7 @@ import torch
 
 import mtlflow
 from mtlflow.core import atomic
-from mtlflow.core.errors import DataError, InvalidParameterError
+from mtlflow.core.errors import DataError, InvalidParameterError, StorageError
 from mtlflow.core.seeding import capture_rng_state, restore_rng_state
 from mtlflow.models import architectures
 
@@ -92,12 +92,17 @@ def write_metrics(trainer: Trainer, final: dict[str, Any] | None = None) -> None
         "hv_reference": {t.name: t.hv_reference for t in trainer.tasks},
         "metric_specs": {t.name: t.metric_specs() for t in trainer.tasks},
         "data_hash": trainer.data.content_hash,
-        "selection": {"rule": trainer.config.select, "split_used_for_selection": None,
-                      "note": "final = last epoch or mean of the last K epochs; test never selects"},
+        "selection": {"rule": trainer.config.selection,
+                      "split_used_for_selection": "val" if trainer.config.selection == "best-val" else None,
+                      "note": "final = last epoch, mean of the last K epochs, or the epoch of the best validation "
+                              "score (val_score); test never selects"},
+        "budget": trainer.budget,
         "epochs": trainer.history,
     }
     if final is not None:
         payload["final"] = final
+    if trainer.outcome is not None:
+        payload["training"] = trainer.outcome
     atomic.write_json(trainer.out_dir / "metrics.json", payload)
 
 def run_info(trainer: Trainer) -> dict[str, Any]:
@@ -114,6 +119,10 @@ def run_info(trainer: Trainer) -> dict[str, Any]:
         "versions": {"mtlflow": mtlflow.__version__, "torch": torch.__version__,
                      "python": platform.python_version()},
         "distributed": trainer.dist.describe(),
+        # the CPU threads of torch's kernels: reductions split differently with another count
+        "threads": torch.get_num_threads(),
+        "budget": trainer.budget,
+        **({"training": trainer.outcome, "converged": trainer.outcome["converged"]} if trainer.outcome else {}),
     }
 
 def write_run_json(trainer: Trainer, status: str, error: str | None = None) -> None:
@@ -123,7 +132,13 @@ def write_run_json(trainer: Trainer, status: str, error: str | None = None) -> N
     info["status"] = status
     if error:
         info["error"] = error
-    atomic.write_json(trainer.out_dir / "run.json", info)
+    path = trainer.out_dir / "run.json"
+    try:
+        atomic.write_json(path, info)
+    except StorageError:
+        if status == "running" or not path.is_file():
+            raise
+        atomic.rewrite_json_in_place(path, info)  # a full disk must not leave the run saying "running"
 
 def save_checkpoint(trainer: Trainer, epoch: int) -> None:
     """``checkpoint.pt``: everything a resumed run needs to continue bit for bit."""
@@ -140,6 +155,7 @@ def save_checkpoint(trainer: Trainer, epoch: int) -> None:
         "method": trainer.method.state_dict(),
         "callbacks": {cb.name: cb.state_dict() for cb in trainer.callbacks},
         "reused_weights": trainer.reused_weights,
+        "best_state": trainer.best_state,
         "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
         "rng": capture_rng_state(),
         "history": trainer.history,
@@ -166,6 +182,7 @@ def load_checkpoint(trainer: Trainer) -> int:
     for cb in trainer.callbacks:
         cb.load_state_dict(ckpt.get("callbacks", {}).get(cb.name, {}))
     trainer.reused_weights = ckpt.get("reused_weights")
+    trainer.best_state = ckpt.get("best_state")
     if trainer.scheduler is not None and ckpt.get("scheduler") is not None:
         trainer.scheduler.load_state_dict(ckpt["scheduler"])
     restore_rng_state(ckpt["rng"])

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mtlflow import benchmarks
-from mtlflow.benchmarks.base import read_manifest
+from mtlflow.benchmarks.base import Benchmark, read_manifest
 from mtlflow.core.errors import DataError
 
 
@@ -20,8 +20,27 @@ def prepare(benchmark: str, out_dir: str | Path, overwrite: bool = False, **conf
 
     check_output_dir(out_dir, "--out")
     bench = benchmarks.build(benchmark, **config)
+    check_output_dir(out_dir, "--out", inputs=source_paths(bench, config))
     with dataset_dir_guard(out_dir, overwrite=overwrite):
         return bench.prepare(out_dir)
+
+
+def source_paths(bench: Benchmark, config: Mapping[str, Any]) -> list[tuple]:
+    """The local files and folders ``bench``'s data is prepared from, named as the user gave them (the spec
+    file, its table and image folder, ``--data-dir``, ``--mnist-dir``): outputs must keep clear of them."""
+    from mtlflow.benchmarks.spec import SpecBenchmark
+
+    paths: list[tuple] = [(f"--{key.replace('_', '-')}", config.get(key))
+                                    for key in ("spec", "data_dir", "mnist_dir") if isinstance(config.get(key), str)]
+    if isinstance(bench, SpecBenchmark):
+        source = bench.spec.source
+        if source.repo is None and "://" not in source.table:
+            paths.append(("the spec's table", source.table))
+        if source.images is not None and "://" not in source.images:
+            # its images are read by name: outputs may go inside it (it is often the spec's own folder)
+            paths.append(("the spec's image folder", source.images, True))
+    # a URI or an inline {repo: ...} location is not a local path
+    return [entry for entry in paths if entry[1] and "://" not in str(entry[1]) and not str(entry[1]).startswith("{")]
 
 
 def check_expected_hash(data_dir: str | Path, manifest: Mapping[str, Any], expected_hash: str | None) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mtlflow.core.outputs import LOCK_NAME, run_dir_guard
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.core.outputs import LOCK_NAME, check_output_path, run_dir_guard
 
 
 def fail_inside(run_dir: Path, write: str | None = None) -> None:
@@ -41,3 +42,24 @@ def test_a_directory_locked_by_an_earlier_run_is_left_as_it_was(tmp_path: Path) 
         pass
     fail_inside(run_dir)
     assert [p.name for p in run_dir.iterdir()] == [LOCK_NAME]
+
+
+# -- outputs and the command's inputs (issue 29, item 7) -------------------------------------------
+
+@pytest.mark.parametrize(("out", "read_by_name", "relation"), [
+    ("data", False, "is"), ("data/run", False, "lies inside"), (".", False, "contains"),
+    ("data", True, "is"), (".", True, "contains"), ("data/run", True, None),
+])
+def test_an_output_keeps_clear_of_the_inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out: str,
+                                             read_by_name: bool, relation: str | None) -> None:
+    """Equal to, inside or containing an input is refused; a folder whose files are read by name (an image
+    folder) may hold the output, but not be or lie inside it."""
+    (tmp_path / "work" / "data").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "work" / out
+    inputs = [("--data", tmp_path / "work" / "data", True) if read_by_name else ("--data", tmp_path / "work" / "data")]
+    if relation is None:
+        assert check_output_path(target, "--out", "dir", inputs) == target
+    else:
+        with pytest.raises(InvalidParameterError, match=f"^--out {target} {relation} --data "):
+            check_output_path(target, "--out", "dir", inputs)

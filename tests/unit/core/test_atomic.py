@@ -1,0 +1,88 @@
+"""Atomic writes on a file system that refuses them (issue 29, item 8): a full or read-only file system is
+one StorageError line naming the file, never a traceback (torch.save's RuntimeError included), and leaves
+no temporary file behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+import torch
+
+from mtlflow.core import atomic
+from mtlflow.core.errors import StorageError
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """A small tmpfs under ``tmp_path`` (root only: skipped with the reason otherwise)."""
+    mounted: list[Path] = []
+
+    def mount(options: str) -> Path:
+        point = tmp_path / f"fs{len(mounted)}"
+        point.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True,
+                              text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}): needs root")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", "--lazy", str(point)], check=False)  # lazy: even if a file is still open
+
+
+def fill(point: Path) -> None:
+    with open(point / "filler", "wb", buffering=0) as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 4096)
+        except OSError:  # ENOSPC: full
+            pass
+
+
+WRITERS = {
+    "write_json": lambda target: atomic.write_json(target, {"a": 1}),
+    "torch_save": lambda target: atomic.torch_save({"w": torch.zeros(4096)}, target),
+    "atomic_dir": lambda target: _write_dir(target),
+}
+
+
+def _write_dir(target: Path) -> None:
+    with atomic.atomic_dir(target) as tmp:
+        (tmp / "x.bin").write_bytes(b"\0" * 8192)
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+@pytest.mark.parametrize("state", ["full", "read-only"])
+def test_a_refused_write_is_one_storage_error_naming_the_file(writer: str, state: str, tmpfs) -> None:
+    point = tmpfs("size=16k" if state == "full" else "ro,size=16k")
+    if state == "full":
+        fill(point)
+    before = sorted(p.name for p in point.iterdir())
+    target = point / "out"
+    expected = "no space left on the device" if state == "full" else "the file system is read-only"
+    with pytest.raises(StorageError, match=f"^cannot write {target}: {expected}; "):
+        WRITERS[writer](target)
+    assert sorted(p.name for p in point.iterdir()) == before, "a temporary file was left behind"
+
+
+def test_other_os_errors_pass_unchanged(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        with atomic.atomic_path(tmp_path / "x") as tmp:
+            open(tmp_path / "missing" / "y")
+
+
+def test_rewrite_in_place_fits_where_a_temporary_copy_does_not(tmpfs) -> None:
+    point = tmpfs("size=16k")
+    target = point / "run.json"
+    atomic.write_json(target, {"status": "running"})
+    fill(point)
+    with pytest.raises(StorageError):
+        atomic.write_json(target, {"status": "failed", "error": "ENOSPC"})
+    atomic.rewrite_json_in_place(target, {"status": "failed", "error": "ENOSPC"})
+    assert json.loads(target.read_text()) == {"status": "failed", "error": "ENOSPC"}
