@@ -22,6 +22,10 @@ def train(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, train_option
     ``run``, the weights as ``model``, the selected final test metrics as ``metrics``, the run's HTML
     report (metrics, learning curves, telemetry) as ``report`` and a Markdown summary as ``summary``.
 
+    Whether the run converged (its validation score stopped improving before the budget ran out) is the
+    logged metric ``converged`` (1 or 0) and the ``convergence`` metadata of ``run`` and ``model`` ("not
+    converged: train longer ..." otherwise), from ``run.json``; a run that did not converge prints it to the log.
+
     ``train_options`` are RunConfig fields by name; with ``teleport: cost`` (and ``teleport_options``) COST
     wraps the method, except in single-task references.
 
@@ -30,14 +34,24 @@ def train(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, train_option
     push failure only logs a warning. A reused run pushes nothing.
     """
     import json
+    import os
 
     from mtlflow.jobs import pipeline_steps
 
     result = pipeline_steps.train(data.path, dict(data.metadata), run.path, model.path, report.path, summary.path,
                                   run_spec, epochs, train_options, checkpoint_root, pushgateway, pipeline_name)
+    with open(os.path.join(run.path, "run.json")) as fh:
+        training = json.load(fh).get("training")  # absent from a reused run trained before it was recorded
     for artifact in (run, model):
         artifact.metadata.update(result["metadata"])
+        if training:
+            artifact.metadata.update(converged=training["converged"], convergence=training["convergence"],
+                                     best_epoch=training["best_epoch"], epochs_run=training["epochs_run"])
     for name, value in pipeline_steps.flat_metrics("test", result["metrics"]).items():
         metrics.log_metric(name, value)
+    if training:
+        metrics.log_metric("converged", float(training["converged"]))
+        if not training["converged"]:
+            print(f"mtlflow: warning: {training['convergence']}")
     with open(metrics.path, "w") as fh:
         fh.write(json.dumps(result["metrics"]))

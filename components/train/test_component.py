@@ -23,6 +23,15 @@ def test_train_writes_run_model_and_metrics(tiny_runs, tiny_dataset):
     assert json.loads(Path(arts["metrics"].path).read_text())["left"]["acc"] == logged["test.left.acc"]
 
 
+def test_train_shows_whether_the_run_converged_in_the_ui(tiny_runs):
+    arts = tiny_runs["mgda"]
+    training = json.loads((Path(arts["run"].path) / "run.json").read_text())["training"]
+    assert arts["metrics"].metadata["converged"] == float(training["converged"])
+    assert arts["model"].metadata["convergence"] == training["convergence"]
+    if not training["converged"]:
+        assert training["convergence"].startswith("not converged: train longer")
+
+
 def test_single_task_reference_trains_one_head(tiny_runs):
     run = json.loads((Path(tiny_runs["ref-left"]["run"].path) / "run.json").read_text())
     assert run["tasks"] == ["left"] and run["kind"] == "single-task"

@@ -25,15 +25,21 @@ def train_cmd(data: Path, out: Path, *extra: str) -> list[str]:
             "--epochs", str(EPOCHS), "--batch-size", "50", "--seed", "7", "--device", "cpu", "--no-progress", *extra]
 
 
+#: early stopping after one epoch without a better validation score, the best epoch's weights exported: the
+#: resumed run must stop at the same epoch and export the same epoch's weights (kept in the checkpoint)
+EARLY_STOPPING = ("--patience", "1", "--min-steps-per-epoch", "12")
+
+
 @pytest.mark.slow
-def test_sigkilled_training_resumes_to_the_same_final_metrics(tmp_path):
+@pytest.mark.parametrize("budget", [(), EARLY_STOPPING], ids=["fixed-epochs", "early-stopping"])
+def test_sigkilled_training_resumes_to_the_same_final_metrics(tmp_path, budget):
     data = tmp_path / "data"
     jobs.prepare("multimnist", data, n_train=600, n_val=100, n_test=100)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    reference = subprocess.Popen(train_cmd(data, tmp_path / "uninterrupted"), env=env,
+    reference = subprocess.Popen(train_cmd(data, tmp_path / "uninterrupted", *budget), env=env,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     victim_dir = tmp_path / "killed"
-    victim = subprocess.Popen(train_cmd(data, victim_dir), env=env, stdout=subprocess.DEVNULL,
+    victim = subprocess.Popen(train_cmd(data, victim_dir, *budget), env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
     while not (victim_dir / "checkpoint.pt").exists():
@@ -48,8 +54,8 @@ def test_sigkilled_training_resumes_to_the_same_final_metrics(tmp_path):
     assert json.loads((victim_dir / "run.json").read_text())["status"] == "running"
     assert not (victim_dir / "model.pt").exists()
 
-    resumed = subprocess.run(train_cmd(data, victim_dir, "--resume"), env=env, capture_output=True, text=True,
-                             timeout=300)
+    resumed = subprocess.run(train_cmd(data, victim_dir, *budget, "--resume"), env=env, capture_output=True,
+                             text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert reference.wait(timeout=300) == 0, reference.stderr.read()
 
@@ -57,7 +63,9 @@ def test_sigkilled_training_resumes_to_the_same_final_metrics(tmp_path):
     b = json.loads((victim_dir / "metrics.json").read_text())
     assert b["final"] == a["final"]
     assert [e["splits"] for e in b["epochs"]] == [e["splits"] for e in a["epochs"]]
-    assert len(b["epochs"]) == EPOCHS
+    assert b["training"] == a["training"]
+    assert b["selection"]["rule"] == ("best-val" if budget else "last")
+    assert len(b["epochs"]) == EPOCHS if not budget else len(b["epochs"]) == len(a["epochs"])
     weights_a = torch.load(tmp_path / "uninterrupted" / "model.pt", weights_only=False)["state_dict"]
     weights_b = torch.load(victim_dir / "model.pt", weights_only=False)["state_dict"]
     assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)

@@ -19,6 +19,7 @@ batch (no per-row Python work in the training loop).
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import math
 from pathlib import Path
@@ -34,6 +35,7 @@ from mtlflow.benchmarks._spec.schema import (DataSpec, TaskEntry, location_of, p
 from mtlflow.benchmarks._spec.tables import SPLITS, encode_features, encode_task, read_source, split_codes
 from mtlflow.benchmarks.base import Benchmark, ConfigField, MultiTaskTensorDataset, seed_worker
 from mtlflow.core.errors import DataError, InvalidParameterError
+from mtlflow.core.registry import described
 from mtlflow.metrics.regression import with_scale
 from mtlflow.metrics.task import TaskSpec
 from mtlflow.metrics.task_types import TASK_TYPES
@@ -46,6 +48,13 @@ DATA_KEYS = ("source", "tasks", "features", "split")
 
 def _spec_value(value: Any) -> bool:
     return isinstance(value, (str, Mapping))
+
+
+#: the training budget of the user's own table unless its spec's ``train:`` says otherwise: at most 100 epochs,
+#: at least 500 optimizer steps and 8 an epoch (a 344-row table trains at batch <= 43, not 256 in 2 steps an
+#: epoch), early stopping after 10 epochs without a better validation score and the best validation epoch
+#: selected (docs/guides/training.md)
+SPEC_TRAINING_DEFAULTS: dict[str, Any] = {"epochs": 100, "min_steps": 500, "min_steps_per_epoch": 8, "patience": 10}
 
 
 class SpecBenchmark(Benchmark):
@@ -84,7 +93,7 @@ class SpecBenchmark(Benchmark):
         self.config = {"spec": self.spec.model_dump(mode="json")}
         if schema is not None:
             self.config["schema"] = dict(schema)
-        self.train_defaults = dict(self.spec.train)
+        self.train_defaults = {**SPEC_TRAINING_DEFAULTS, **self.spec.train}
 
     @property
     def schema(self) -> dict[str, Any] | None:
@@ -303,10 +312,19 @@ class SpecBenchmark(Benchmark):
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__
             raise where.error(("model", "factory"), f"cannot import {self.spec.model.factory} ({reason}); fix the "
                                                     "module path or install the package") from None
-        model = function(self.spec, {**self.schema, "selected_tasks": names})
+        arguments = (self.spec, {**self.schema, "selected_tasks": names})
+        try:
+            inspect.signature(function).bind(*arguments)
+        except (TypeError, ValueError):  # not callable as function(spec, schema), or no signature to tell
+            raise where.error(("model", "factory"), f"{self.spec.model.factory} is {described(function)}, which "
+                                                    "cannot be called as function(spec, schema); name a function "
+                                                    "that takes (spec, schema) and returns a "
+                                                    "mtlflow.models.MultiTaskModel") from None
+        model = function(*arguments)
         if not isinstance(model, MultiTaskModel):
-            raise where.error(("model", "factory"), f"{self.spec.model.factory} returned {type(model).__name__}, not a "
-                                                    "mtlflow.models.MultiTaskModel")
+            raise where.error(("model", "factory"), f"{self.spec.model.factory} returned {described(model)}, not a "
+                                                    "mtlflow.models.MultiTaskModel; make it return one (a trunk with "
+                                                    "one head per task)")
         if list(model.task_names) != names:
             raise where.error(("model", "factory"), f"{self.spec.model.factory} built heads for {model.task_names}, "
                                                     f"but the run trains {names}; build one head per task, in order")

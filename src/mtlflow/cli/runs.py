@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,10 @@ def cmd_train(args: argparse.Namespace) -> int:
                             progress=not args.no_progress, callbacks=callbacks, **request)
     if main_rank:
         print(json.dumps({"run_dir": args.out, "test": result["final"]["test"]}))
+        outcome = result["training"]  # on stderr: stdout stays one JSON line
+        print(f"training: {outcome['epochs_run']} epoch(s), {outcome['optimizer_steps']} optimizer steps, best "
+              f"validation epoch {outcome['best_epoch']}{', stopped early' if outcome['stopped_early'] else ''}; "
+              f"{outcome['convergence']}", file=sys.stderr)
     return 0
 
 
@@ -106,9 +111,15 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from mtlflow.core.outputs import check_output_path
     from mtlflow.engine.rundir import check_run_consistent
     from mtlflow.jobs.run_report import render_report
 
+    path = Path(args.path)
+    # report writes one HTML file: never onto another file of the run or results it reads
+    check_output_path(args.out or path / "report.html", "--out", "file",
+                      [("the input file", p) for p in (path.iterdir() if path.is_dir() else ())
+                       if p.name != "report.html"])
     if (Path(args.path) / "run.json").is_file():  # a failed run has a report too, a mixed directory not
         check_run_consistent(Path(args.path), require_completed=False)
 
@@ -138,7 +149,15 @@ def cmd_stage(args: argparse.Namespace) -> int:
     from mtlflow.jobs import stages
 
     params = stages.load_params(args.params)
-    if args.stage == "source":
+    if args.stage == "status":
+        status = stages.stage_status(params)
+        print(json.dumps(status))
+        for stage, reasons in status.items():
+            print(f"{stage}: {'; '.join(map(str, reasons))}", file=sys.stderr)
+        if not status:
+            print("everything is up to date: dvc repro runs only the source stage, which re-reads the data's "
+                  "inputs", file=sys.stderr)
+    elif args.stage == "source":
         stages.stage_source(params)
     elif args.stage == "prepare":
         stages.stage_prepare(params)
@@ -160,9 +179,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("prepare", help="build a benchmark's data (or your own, --spec FILE) into a directory with a "
                                        "content hash")
     p.add_argument("--benchmark", help="benchmark name (see `mtlflow benchmarks`); or give --spec FILE")
-    p.add_argument("--out", required=True, help="new or empty directory (a prepared dataset is replaced only "
-                   "with --overwrite; other content is never deleted)")
-    p.add_argument("--overwrite", action="store_true", help="replace the prepared dataset already in --out")
+    p.add_argument("--out", required=True, help="new or empty directory, outside the files it is prepared from (a "
+                   "prepared dataset is replaced only with --overwrite; other content is never deleted)")
+    p.add_argument("--overwrite", action="store_true", help="replace the prepared dataset already in --out; refused "
+                   "when --out also holds files that prepare did not write (its manifest lists those it did)")
     add_data_options(p)
     p.set_defaults(func=cmd_prepare)
 
@@ -171,7 +191,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", help="prepared data directory (from `mtlflow prepare`)")
     add_data_options(p)
     add_run_options(p)
-    p.add_argument("--out", help="run directory (required unless --dry-run)")
+    p.add_argument("--out", help="run directory (required unless --dry-run), outside the data: not --data, "
+                   "inside it or containing it")
     p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace the run already in --out (its result files "
                    "are deleted before training starts)")
@@ -190,7 +211,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir")
     p.add_argument("--data", required=True, help="the prepared data the run was trained on")
     p.add_argument("--split", default="test")
-    p.add_argument("--out", help="output JSON (default RUN_DIR/evaluation.json)")
+    p.add_argument("--out", help="output JSON file (default RUN_DIR/evaluation.json); never another file of the "
+                   "run or a path inside --data")
     p.add_argument("--confusion", action="store_true",
                    help="also write the confusion matrices of the classification tasks into the JSON")
     p.set_defaults(func=cmd_evaluate)
@@ -203,14 +225,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "publishes them; --no-paper-references turns it off)")
     p.add_argument("--method-set", help="comma-separated methods over which the mean rank is computed")
     p.add_argument("--split", default="test")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="output directory (results.json/.md/.csv, pareto.png, curves.png, "
+                   "report.html), outside every run and reference directory")
     p.add_argument("--pushgateway", metavar="URL", help="push Δm%%, mean rank, hypervolume and Pareto membership "
                    "per method to this Prometheus Pushgateway (default $MTLFLOW_PUSHGATEWAY)")
     p.set_defaults(func=cmd_aggregate)
 
     p = sub.add_parser("report", help="render the HTML report of a finished run or an aggregate results directory")
     p.add_argument("path", help="run directory (from `mtlflow train --out`) or aggregate results directory")
-    p.add_argument("--out", help="output HTML file (default PATH/report.html)")
+    p.add_argument("--out", help="output HTML file (default PATH/report.html); never another file of PATH")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("data", help="version prepared datasets with DVC: push to / pull from a remote")
@@ -225,8 +248,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--cache-dir", help="DVC cache kept between pulls (default: a temporary one)")
     p.set_defaults(func=cmd_data)
 
-    p = sub.add_parser("stage", help="run one DVC stage of dvc.yaml (reads params.yaml)")
-    p.add_argument("stage", choices=["source", "prepare", "train", "reference", "evaluate", "aggregate", "experiment"])
+    p = sub.add_parser("stage", help="run one DVC stage of dvc.yaml (reads params.yaml); `stage status`: what "
+                                     "dvc repro would run, the source stage's data inputs included")
+    p.add_argument("stage", choices=["source", "prepare", "train", "reference", "evaluate", "aggregate", "experiment",
+                                     "status"])
     p.add_argument("--method")
     p.add_argument("--task")
     p.add_argument("--seed", type=seed_arg, default=0)

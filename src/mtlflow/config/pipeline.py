@@ -137,6 +137,13 @@ def validate_cron(expression: str) -> str:
 JOB_KINDS = ("TrainJob", "PyTorchJob")
 #: the sweep's default methods
 DEFAULT_METHODS = ["ls", "mgda", "famo", "fairgrad"]
+#: the sweep's default seeds of every method and of every single-task reference: a comparison is a result only
+#: with its spread, and 3 seeds are the fewest that give one (the sweep's cost is 3x one seed's)
+DEFAULT_SEEDS = [0, 1, 2]
+#: the sweep's default budget: ``epochs`` (below) is the most a run trains; at least 500 optimizer steps, at
+#: least 8 steps an epoch (the batch at most a 8th of the training rows) and early stopping after 10 epochs
+#: without a better validation score, the best validation epoch selected (docs/guides/training.md)
+DEFAULT_BUDGET = {"min_steps": 500, "min_steps_per_epoch": 8, "patience": 10}
 #: RunConfig fields that a sweep's single-task references never take from ``train_options``: COST wraps the
 #: method runs only (a reference is linear scalarisation of one task, the yardstick of Δm%)
 METHOD_ONLY_OPTIONS = ("teleport", "teleport_options")
@@ -182,7 +189,7 @@ class PipelineConfig(VersionedDataConfig):
 
     subject = "pipeline parameters"
 
-    epochs: int = option(10, "training epochs of every run")
+    epochs: int = option(10, "training epochs of every run (the most, with early stopping)")
     train_options: dict[str, Any] = option(help="the runs' RunConfig fields by name (batch_size, lr, device, "
                                                 "teleport, ...; see `mtlflow config schema`)",
                                            factory=lambda: {"device": "auto"})
@@ -199,12 +206,18 @@ class SweepConfig(PipelineConfig):
     """The benchmark sweep: every method x seed and the single-task references (``benchmark_sweep``,
     ``params.yaml``)."""
 
+    epochs: int = option(100, "the most training epochs of every run (the default budget stops earlier: "
+                              "patience 10, at least 500 optimizer steps)")
+    train_options: dict[str, Any] = option(help="the runs' RunConfig fields by name (batch_size, lr, device, "
+                                                "min_steps, patience, ...; see `mtlflow config schema`); the "
+                                                "default budget is min_steps 500, min_steps_per_epoch 8, patience "
+                                                "10", factory=lambda: {"device": "auto", **DEFAULT_BUDGET})
     methods: list[str] = option(help="the methods of the sweep", factory=lambda: list(DEFAULT_METHODS))
-    seeds: list[int] = option(help="the seeds of every method", factory=lambda: [0])
+    seeds: list[int] = option(help="the seeds of every method", factory=lambda: list(DEFAULT_SEEDS))
     method_hparams: dict[str, Any] = option(help="hyper-parameters per method, e.g. {fairgrad: {alpha: 2.0}}",
                                             factory=dict)
     reference_seeds: list[int] = option(help="seeds of the single-task references (Δm%'s yardstick)",
-                                        factory=lambda: [0])
+                                        factory=lambda: list(DEFAULT_SEEDS))
 
     def validate(self) -> None:
         super().validate()
@@ -239,7 +252,9 @@ class SingleRunConfig(PipelineConfig):
 class RetrainConfig(SingleRunConfig):
     """Retrain one method on a new data version and promote it if it beats the champion (``retrain``)."""
 
-    min_improvement: float = option(0.0, "Δm% (in points) by which the candidate must beat the champion")
+    min_improvement: float = option(0.0, "how much the candidate must lower the model store's score (mean over "
+                                           "tasks of the primary metric's error, both models on the new test "
+                                           "split), besides being better with 95 % confidence")
 
     def validate(self) -> None:
         super().validate()

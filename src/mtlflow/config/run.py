@@ -29,7 +29,7 @@ from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.seeding import check_seed
 from mtlflow.grad_engine import BACKENDS, GRAD_WRT
 from mtlflow.methods.base import needs_full_jacobian
-from mtlflow.metrics.selection import parse_selection
+from mtlflow.metrics.selection import BEST_VAL, parse_selection
 from mtlflow.models import architectures
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -37,6 +37,9 @@ AMP_MODES = ("none", "bf16")
 SCHEDULERS = ("none", "plateau", "step")
 #: what a ``plateau`` schedule may monitor (see :mod:`mtlflow.engine.schedulers`)
 MONITORS = ("val_delta_m", "val_loss")
+#: the largest batch size: a batch is indexed and sliced with machine integers (itertools.islice takes at most
+#: sys.maxsize), and no device holds 2**31 rows of any benchmark
+MAX_BATCH_SIZE = 2**31
 _SCHEDULER_OPTIONS = {"none": set(), "plateau": {"factor", "patience", "min_lr", "monitor", "threshold"},
                       "step": {"step_size", "gamma"}}
 _AUTOGRAM_NEEDS_GRAMIAN = ("grad_backend 'autogram' computes only the Gramian but method {method!r} needs the full "
@@ -71,7 +74,13 @@ class RunConfig(ConfigModel):
     method: str = option("ls", "the MTL method (see `mtlflow methods`)")
     hparams: dict[str, Any] = option(help="the method's hyper-parameters (see `mtlflow methods`)", factory=dict,
                                      flag="--hp")
-    epochs: int = option(10, "training epochs")
+    epochs: int = option(10, "training epochs (the most; raised to reach min_steps, cut short by patience)")
+    min_steps: int | None = option(None, "minimum optimizer steps of the run: epochs are raised to reach them "
+                                         "(recorded in run.json under budget)")
+    min_steps_per_epoch: int | None = option(None, "lower the batch size so that an epoch has at least this many "
+                                                   "optimizer steps (batch <= training rows / N; recorded)")
+    patience: int | None = option(None, "early stopping: stop after this many epochs without a better validation "
+                                        "score (never before min_steps); selects best-val by default")
     batch_size: int = option(256, "training batch size (per process under torchrun)")
     lr: float = option(1e-3, "learning rate of the model's parameters")
     optimizer: str = option("adam", f"optimizer: {', '.join(OPTIMIZERS)}")
@@ -84,10 +93,14 @@ class RunConfig(ConfigModel):
     seed: int = option(0, "seed of every random generator of the run (0 <= seed < 2**32)")
     tasks: list[str] | None = option(None, "subset of the benchmark's tasks, comma-separated on the command line "
                                            "(one task = a single-task reference run)")
-    select: str = option("last", "final-metric rule: last, or last-k:K (mean of the last K epochs)")
+    select: str | None = option(None, "final-metric rule: last, last-k:K (mean of the last K epochs) or best-val "
+                                      "(the epoch of the best validation score; its weights are the model); "
+                                      "default: best-val with --patience, else last")
     eval_batch_size: int = option(512, "batch size of the evaluation passes")
     max_steps_per_epoch: int | None = option(None, "cap on the optimizer steps of an epoch")
     device: str = option("cpu", "cpu, cuda[:N] or auto (the GPU when one is visible)")
+    threads: int | None = option(None, "torch's CPU threads (torch.set_num_threads) for the run; default: torch's "
+                                       "own (the physical cores); the count used is recorded in run.json")
     grad_backend: str = option("auto", f"per-task gradient backend: {', '.join(BACKENDS)} (auto = loop; autogram "
                                        "computes only the Gramian)")
     grad_wrt: str = option("parameters", "per-task gradients w.r.t. the shared 'parameters' or the shared "
@@ -120,6 +133,13 @@ class RunConfig(ConfigModel):
         values.update({k: v for k, v in overrides.items() if v is not None or k not in names})
         return cls.from_mapping(values)
 
+    @property
+    def selection(self) -> str:
+        """The selection rule in force: ``select``, or by default best-val when early stopping is on, else last."""
+        if self.select is not None:
+            return self.select
+        return BEST_VAL if self.patience is not None else "last"
+
     def resolved_device(self) -> torch.device:
         """``auto`` means the GPU when one is visible, else the CPU."""
         if self.device == "auto":
@@ -143,8 +163,8 @@ class RunConfig(ConfigModel):
         check_seed(self.seed)
         if self.epochs < 1:
             bad(f"epochs must be a positive integer, got {self.epochs!r}")
-        if self.batch_size < 1:
-            bad(f"batch_size must be a positive integer, got {self.batch_size!r}")
+        if not 1 <= self.batch_size <= MAX_BATCH_SIZE:
+            bad(f"batch_size must be an integer from 1 to {MAX_BATCH_SIZE} (2**31), got {self.batch_size!r}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             bad(f"lr must be a positive finite number, got {self.lr!r}")
         if self.optimizer not in OPTIMIZERS:
@@ -157,8 +177,12 @@ class RunConfig(ConfigModel):
             bad(f"method_lr must be > 0, got {self.method_lr!r}")
         if self.clip_grad_norm is not None and not (self.clip_grad_norm > 0):
             bad(f"clip_grad_norm must be > 0 when set, got {self.clip_grad_norm!r}")
-        if self.eval_batch_size < 1:
-            bad(f"eval_batch_size must be a positive integer, got {self.eval_batch_size!r}")
+        if not 1 <= self.eval_batch_size <= MAX_BATCH_SIZE:
+            bad(f"eval_batch_size must be an integer from 1 to {MAX_BATCH_SIZE} (2**31), got "
+                f"{self.eval_batch_size!r}")
+        for name in ("min_steps", "min_steps_per_epoch", "patience", "threads"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                bad(f"{name} must be a positive integer when set, got {getattr(self, name)!r}")
         if self.max_steps_per_epoch is not None and self.max_steps_per_epoch < 1:
             bad(f"max_steps_per_epoch must be >= 1 when set, got {self.max_steps_per_epoch!r}")
         if self.grad_backend not in BACKENDS:
@@ -182,9 +206,12 @@ class RunConfig(ConfigModel):
         if self.grad_wrt == "representation" and needs_full_jacobian(method):
             bad(f"grad_wrt 'representation' applies to Gramian-weighting methods (their weights carry over to the "
                 f"parameters); {self.method!r} combines full gradients; use grad_wrt=parameters")
-        _, window = parse_selection(self.select)
+        kind, window = parse_selection(self.selection)
         if window > self.epochs:
-            bad(f"selection rule {self.select!r} averages {window} epochs but the run has only {self.epochs}")
+            bad(f"selection rule {self.selection!r} averages {window} epochs but the run has only {self.epochs}")
+        if (kind == BEST_VAL or self.patience is not None) and hasattr(method, "front_due"):
+            bad(f"{self.method!r} selects a Pareto front from its last epochs; early stopping and select "
+                f"{BEST_VAL} do not apply to it: drop patience and use select last or last-k:K")
         try:
             device = self.resolved_device()
         except RuntimeError:

@@ -35,13 +35,14 @@ Run directory layout (the contract with ``evaluate``, ``aggregate`` and the pipe
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import resource
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -71,7 +72,7 @@ from mtlflow.grad_engine import (
 )
 from mtlflow.methods.base import GradientMethod, GradInput, GramianWeighting, Method, StepContext, needs_full_jacobian
 from mtlflow.metrics.evaluation import evaluate_model
-from mtlflow.metrics.selection import select_final
+from mtlflow.metrics.selection import BEST_VAL, best_epoch_index, select_final, validation_score
 from mtlflow.models import architectures
 
 EVAL_SPLITS = ("val", "test")
@@ -148,6 +149,13 @@ class Trainer:
         for split in ("train", *EVAL_SPLITS):
             if split not in data.splits:
                 raise DataError(f"prepared data lacks the {split!r} split; re-run `mtlflow prepare`")
+        if config.threads is not None:  # before anything runs: the thread count changes float reductions
+            torch.set_num_threads(config.threads)
+        #: the budget fitted to the training rows (batch size, epochs; see :func:`fit_budget`), recorded in run.json
+        self.budget = fit_budget(config, len(data.splits["train"]), self.dist.world_size)
+        if (config.batch_size, config.epochs) != (self.budget["batch_size"], self.budget["max_epochs"]):
+            config = self.config = dataclasses.replace(config, batch_size=self.budget["batch_size"],
+                                                       epochs=self.budget["max_epochs"])
         seed_everything(config.seed, config.deterministic)
         self.model = architectures.build_model(bench, [t.name for t in self.tasks], config.architecture,
                                                config.architecture_options, data.splits["train"]).to(self.device)
@@ -179,6 +187,10 @@ class Trainer:
                                      if isinstance(self.method, GramianWeighting) else 1)
         #: the last solved weights, reused on amortised steps (checkpointed)
         self.reused_weights: Tensor | None = None
+        #: the weights of the best validation epoch so far (select best-val; checkpointed), on the CPU
+        self.best_state: dict[str, Tensor] | None = None
+        #: how training ended (epochs run, best epoch, early stop, convergence), set by :meth:`fit`
+        self.outcome: dict[str, Any] | None = None
 
     def _plan_gradients(self) -> tuple[str, str | None]:
         """(mode, backend): what the engine computes each step, checked before training starts.
@@ -471,7 +483,10 @@ class Trainer:
         bar = self._progress_bar(start_epoch)
         try:
             for epoch in range(start_epoch, self.config.epochs + 1):
+                if self._patience_exhausted():  # checked before each epoch: a resumed run decides the same
+                    break
                 self._run_epoch(epoch, bar)
+            result = self._finish()  # inside: a model.pt that cannot be written (full disk) fails the run too
         except BaseException as exc:
             # Ctrl-C and SIGTERM (mtlflow.core.errors.Terminated) stop a healthy run that --resume continues
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
@@ -482,11 +497,18 @@ class Trainer:
         finally:
             if bar is not None:
                 bar.close()
-        result = self._finish()
         rundir.write_run_json(self, "completed")
         for cb in self.callbacks:
             cb.on_train_end(self, result)
         return result
+
+    def _patience_exhausted(self) -> bool:
+        """Early stopping: ``patience`` epochs without a better validation score, and ``min_steps`` done."""
+        patience = self.config.patience
+        if patience is None or not self.history:
+            return False
+        since_best = len(self.history) - 1 - best_epoch_index(self.history)
+        return since_best >= patience and self.global_step >= (self.config.min_steps or 0)
 
     def steps_per_epoch(self) -> int:
         """Optimizer steps of one epoch (per process under torchrun; capped by ``max_steps_per_epoch``)."""
@@ -552,9 +574,13 @@ class Trainer:
         splits = self.dist.from_rank0(lambda: {
             split: evaluate_model(self.model, self.bench, self.data.splits[split], self.tasks, self.task_index,
                                   self.config.eval_batch_size, self.device) for split in EVAL_SPLITS})
+        check_finite_evaluation(splits, f"after epoch {epoch}")
+        first_val = self.history[0]["splits"]["val"] if self.history else splits["val"]
         record: dict[str, Any] = {
             "epoch": epoch,
             "splits": splits,
+            "val_score": validation_score(splits["val"], first_val, {t.name: t.primary for t in self.tasks},
+                                          self._metric_specs()),
             "train_loss": {t.name: float(v) for t, v in zip(self.tasks, loss_sums.cpu() / max(n_steps, 1))},
             "steps": n_steps,
             "train_seconds": train_seconds,
@@ -581,6 +607,8 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_epoch_end(self, record)
         self.history.append(record)
+        if self.config.selection == BEST_VAL and best_epoch_index(self.history) == len(self.history) - 1:
+            self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         rundir.write_metrics(self)
         rundir.save_checkpoint(self, epoch)
         self.dist.barrier()
@@ -590,10 +618,60 @@ class Trainer:
         return {t.name: t.metric_specs() for t in self.tasks}
 
     def _finish(self) -> dict[str, Any]:
-        final = select_final(self.history, self.config.select)
+        final = select_final(self.history, self.config.selection)
+        if self.config.selection == BEST_VAL:  # the model is the selected epoch's, like its metrics
+            self.model.load_state_dict(self.best_state)
+        self.outcome = training_outcome(self.history, self.config, self.global_step)
         rundir.write_metrics(self, final)
         rundir.save_model(self)
-        return {"final": final, "epochs": len(self.history)}
+        return {"final": final, "epochs": len(self.history), "training": self.outcome}
+
+
+NOT_CONVERGED = "not converged: train longer"
+
+
+def fit_budget(config: RunConfig, train_rows: int, world_size: int = 1) -> dict[str, Any]:
+    """The run's budget on ``train_rows`` training rows: the batch size lowered so that an epoch has at least
+    ``min_steps_per_epoch`` optimizer steps (batch <= rows / N), and the epochs raised so that the run has at
+    least ``min_steps`` (``max_steps_per_epoch`` counted); the requested values are kept beside them."""
+    batch_size = config.batch_size
+    if config.min_steps_per_epoch is not None:
+        batch_size = max(1, min(batch_size, train_rows // (config.min_steps_per_epoch * world_size)))
+    steps_per_epoch = max(1, math.ceil(train_rows / (batch_size * world_size)))
+    steps_per_epoch = min(steps_per_epoch, config.max_steps_per_epoch or steps_per_epoch)
+    epochs = max(config.epochs, math.ceil((config.min_steps or 0) / steps_per_epoch))
+    return {"train_rows": train_rows, "requested_batch_size": config.batch_size, "batch_size": batch_size,
+            "steps_per_epoch": steps_per_epoch, "requested_epochs": config.epochs, "max_epochs": epochs,
+            "min_steps": config.min_steps, "min_steps_per_epoch": config.min_steps_per_epoch,
+            "patience": config.patience}
+
+
+def training_outcome(history: Sequence[dict[str, Any]], config: RunConfig, steps: int) -> dict[str, Any]:
+    """How a run ended and whether it converged. A run converged when its validation score stopped improving:
+    it stopped early (``patience`` epochs without a better score), or its best epoch is not among its last
+    ``patience`` epochs (the last epoch alone without early stopping). Otherwise the score was still improving
+    when the budget ran out: "not converged: train longer"."""
+    best = best_epoch_index(history)
+    window = config.patience or 1
+    since_best = len(history) - 1 - best
+    stopped_early = config.patience is not None and since_best >= config.patience and len(history) < config.epochs
+    converged = since_best >= window
+    return {"epochs_run": len(history), "optimizer_steps": steps, "best_epoch": history[best]["epoch"],
+            "best_val_score": history[best]["val_score"], "stopped_early": stopped_early,
+            "converged": converged,
+            "convergence": "converged" if converged else
+            f"{NOT_CONVERGED} (the validation score improved within the last {window} epoch(s))"}
+
+
+def check_finite_evaluation(splits: Mapping[str, Mapping[str, Mapping[str, float]]], when: str) -> None:
+    """Fail like a non-finite training loss (:class:`NonFiniteLossError`, exit 4) when an evaluation loss is NaN
+    or infinite, or a metric is infinite: the model diverged. A NaN metric with a finite loss is a metric
+    undefined on the split (a ROC-AUC on one class, an R² of constant targets) and passes."""
+    bad = [f"{split}/{task}/{name}={value}" for split, tasks in splits.items() for task, values in tasks.items()
+           for name, value in values.items() if math.isinf(value) or (name == "loss" and math.isnan(value))]
+    if bad:
+        raise NonFiniteLossError(f"non-finite evaluation {when} ({', '.join(bad[:4])}{', ...' if len(bad) > 4 else ''}"
+                                 "): the model diverged; lower --lr, set --clip-grad-norm, or check the data")
 
 
 def resolve_task_names(bench: Benchmark, tasks: Sequence[str] | None) -> list[str]:

@@ -249,14 +249,14 @@ class PreferenceFrontCallback(Callback):
         self.method = method
 
     def on_epoch_end(self, trainer: TrainerView, record: dict[str, Any]) -> None:
-        if self.method.front_due(record["epoch"], trainer.config.epochs, trainer.config.select):
+        if self.method.front_due(record["epoch"], trainer.config.epochs, trainer.config.selection):
             record["preference_front"] = self.method.evaluate_front(trainer)
 
     def on_train_end(self, trainer: TrainerView, result: dict[str, Any]) -> None:
         """``metrics.json`` gets the selected front, ``model.pt`` the merged centre network plus the
         adapters, and ``pareto_front.png`` the plot."""
         names, primary, specs, _ = task_info(trainer.tasks)
-        front = select_front(trainer.history, trainer.config.select, names, primary, specs)
+        front = select_front(trainer.history, trainer.config.selection, names, primary, specs)
         metrics_path = trainer.out_dir / "metrics.json"
         payload = atomic.read_json(metrics_path, "run metrics")
         payload["preference_front"] = front

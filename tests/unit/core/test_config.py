@@ -23,7 +23,8 @@ NON_DEFAULT = {"method": "fairgrad", "hparams": {"alpha": 2.0}, "epochs": 3, "ba
                "max_steps_per_epoch": 5, "device": "cpu", "grad_backend": "batched", "grad_wrt": "parameters",
                "num_workers": 1, "pin_memory": True, "amp": "bf16", "deterministic": False, "scheduler": "step",
                "scheduler_options": {"step_size": 2, "gamma": 0.5}, "teleport": "cost",
-               "teleport_options": {"trigger": "weak"}, "architecture": "hps", "architecture_options": {}}
+               "teleport_options": {"trigger": "weak"}, "architecture": "hps", "architecture_options": {},
+               "min_steps": 100, "min_steps_per_epoch": 4, "patience": 2, "threads": 1}
 
 
 def test_non_default_example_covers_every_field_with_another_value():

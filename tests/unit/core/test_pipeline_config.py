@@ -90,7 +90,7 @@ def test_the_source_stage_identity_of_a_spec_is_the_same_in_every_clone(tmp_path
     from mtlflow.jobs import stages
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params.update(spec="specs/churn.yaml", data_options={}, methods=["ls"], method_hparams={})
+    params.update(spec="specs/churn.yaml", data_options={}, methods=["ls"], method_hparams={"ls": {}})
     params["dvc"] = {"reference_tasks": ["churned"], "experiment_method": "ls"}
     volume = tmp_path / "volume"
     volume.mkdir()
