@@ -31,6 +31,12 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     params = runner.load_params(args.params_file, parse_assignments(args.param, "--param"))
     if args.pipeline_command == "run":
         result = runner.run_local(params, workdir=args.workdir, pipeline=args.pipeline, storage_root=args.storage_root)
+        results = result.parent / "results" / "results.json"
+        if result.suffix == ".html" and results.is_file():  # a sweep: its verdict and table first
+            from mtlflow.core import atomic
+            from mtlflow.jobs.report import headline_markdown
+
+            print(headline_markdown(atomic.read_json(results, "results")))
         print(f"{'report' if result.suffix == '.html' else 'result'}: {result}")
         return 0
     from mtlflow.config.cluster import load_profile
@@ -78,7 +84,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = psub.add_parser("run", help="run with kfp.local's SubprocessRunner")
     q.add_argument("--local", action="store_true", required=True, help="run on this machine (kfp.local)")
     pipeline_params(q, "main")
-    q.add_argument("--workdir", default="runs/pipeline", help="where kfp.local writes artifacts")
+    q.add_argument("--workdir", default="runs/pipeline", help="where kfp.local writes artifacts; outside the spec, its "
+                   "table and the other data it is prepared from")
     q.add_argument("--storage-root", help="DVC remote/cache, checkpoints, status records and model store "
                    "(default WORKDIR/storage; reuse it across retrain runs to keep the champion)")
     q = psub.add_parser("compile", help="write pipeline IR YAML (one pipeline, or --all)")

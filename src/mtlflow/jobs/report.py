@@ -90,7 +90,7 @@ def table_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     baseline = summary.get("baseline")
     if baseline:
         header.append(f"vs {baseline}")
-    header += ["MR ↓", "HV (normalised) ↑", "Pareto (95 %)", "step s"]
+    header += ["MR ↓", "HV (normalised) ↑", "Pareto (95 %)", STEP_TIME_COLUMN]
     rows = []
     for label, row in _order(summary):
         cells = [label, str(len(row["seeds"]))]
@@ -403,10 +403,31 @@ def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def markdown_summary(summary: Mapping[str, Any]) -> str:
+def _render_markdown(template: str, summary: Mapping[str, Any]) -> str:
     env = _environment()
     env.filters["markdown"] = lambda table: _markdown(table["header"], table["rows"])
-    return env.get_template("results.md.j2").render(**_context(summary))
+    return env.get_template(template).render(**_context(summary))
+
+
+def markdown_summary(summary: Mapping[str, Any]) -> str:
+    return _render_markdown("results.md.j2", summary)
+
+
+#: the results table's column that measures this machine rather than the methods: left out of the headline
+STEP_TIME_COLUMN = "step s"
+
+
+def headline_markdown(summary: Mapping[str, Any]) -> str:
+    """The verdict (what won, which differences are real, the warnings) and the results table without its step
+    time: what ``mtlflow pipeline run`` prints after a sweep and the README's demo table, which the same command
+    on the same kind of machine reproduces to the last digit (the step time is the machine's, not the result's)."""
+    env = _environment()
+    env.filters["markdown"] = lambda table: _markdown(table["header"], table["rows"])
+    context = _context(summary)
+    header, rows = context["results"]["header"], context["results"]["rows"]
+    keep = [i for i, name in enumerate(header) if name != STEP_TIME_COLUMN]
+    context["results"] = {"header": [header[i] for i in keep], "rows": [[r[i] for i in keep] for r in rows]}
+    return env.get_template("headline.md.j2").render(**context).strip() + "\n"
 
 
 def html_report(summary: Mapping[str, Any], pareto_png: bytes, curves_png: bytes) -> str:
