@@ -25,8 +25,8 @@ from conftest import churn_csv, first_page_commands, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the smallest sweep that still runs every stage: one method, one epoch, a few hundred digits
-TINY = ["-S", "epochs=1", "-S", "methods=[fairgrad]", "-S", "data_options.n_train=128", "-S", "data_options.n_val=64",
-        "-S", "data_options.n_test=64"]
+TINY = ["-S", "epochs=1", "-S", "methods=[fairgrad]", "-S", "seeds=[0]", "-S", "reference_seeds=[0]",
+        "-S", "data_options.n_train=128", "-S", "data_options.n_val=64", "-S", "data_options.n_test=64"]
 TRAIN_STAGES = {"train@fairgrad-0", "reference@left-0", "reference@right-0", "experiment"}
 
 
@@ -78,7 +78,7 @@ def test_experiments_compare_and_reproduce_on_a_fresh_clone(tmp_path):
     repo, remote = tmp_path / "clone", tmp_path / "remote"
     _run(["git", "clone", "-q", str(ROOT), str(repo)], tmp_path)
     committed_summary = _git_json(repo, "HEAD", "metrics/summary.json")
-    assert set(committed_summary) >= {"fairgrad(alpha=1.0)"}, "dvc.lock and metrics/ of the default params.yaml"
+    assert set(committed_summary) >= {"fairgrad"}, "dvc.lock and metrics/ of the default params.yaml"
 
     first = _dvc(repo, "exp", "run", "-n", "tiny", *TINY)
     assert stages_run(first) == {"source", "prepare", "evaluate", "aggregate"} | TRAIN_STAGES
@@ -107,20 +107,33 @@ def test_experiments_compare_and_reproduce_on_a_fresh_clone(tmp_path):
     diff = json.loads(_dvc(repo, "metrics", "diff", "--json"))["metrics/summary.json"]
     now = json.loads((repo / "metrics" / "summary.json").read_text())
     for key in ("delta_m", "hypervolume"):
-        entry = diff[f"fairgrad(alpha=1.0).{key}"]
-        assert (entry["old"], entry["new"]) == (committed_summary["fairgrad(alpha=1.0)"][key],
-                                                now["fairgrad(alpha=1.0)"][key])
+        entry = diff[f"fairgrad.{key}"]
+        assert (entry["old"], entry["new"]) == (committed_summary["fairgrad"][key], now["fairgrad"][key])
+
+    # one method's hyper-parameter: its training and what follows re-run, not the references nor the research
+    # stage (training famo here); the metric keys stay, so `dvc metrics diff` shows changes, not "-"
+    third = _dvc(repo, "exp", "run", "-n", "alpha2", "-S", "method_hparams.fairgrad.alpha=2.0")
+    assert stages_run(third) == {"source", "train@fairgrad-0", "evaluate", "aggregate"}
+    diff = json.loads(_dvc(repo, "metrics", "diff", "tiny", "alpha2", "--all", "--json"))  # --all: also equal ones
+    summary = diff["metrics/summary.json"]
+    assert summary["fairgrad.hparams.alpha"] == {"old": 1.0, "new": 2.0, "diff": 1.0}
+    before = metric_files(experiments["tiny"])["metrics/summary.json"]["fairgrad"]
+    after = json.loads((repo / "metrics" / "summary.json").read_text())["fairgrad"]
+    for key in ("delta_m", "mean_rank", "hypervolume"):  # both sides under the same key: a number each, no "-"
+        assert (summary[f"fairgrad.{key}"]["old"], summary[f"fairgrad.{key}"]["new"]) == (before[key], after[key])
+    assert diff["metrics/train/fairgrad-s0.json"]["left.loss"]["diff"] != 0  # another training indeed
 
     # plots: the per-epoch curves (one row per epoch) and the sweep's Pareto errors, as HTML and per revision
     curve = json.loads((repo / "plots" / "train" / "fairgrad-s0" / "left.json").read_text())
     assert [row["epoch"] for row in curve] == [1] and set(curve[0]) == {"epoch", "train_loss", "val", "test"}
     pareto, = json.loads((repo / "plots" / "pareto.json").read_text())
-    assert pareto["method"] == "fairgrad(alpha=1.0)" and pareto["pareto_optimal"] is True
+    assert pareto["method"] == "fairgrad" and pareto["label"] == "fairgrad(alpha=2.0)" and pareto["pareto_optimal"]
     assert pareto["left error"] == pareto["first task error"] == pytest.approx(1 - evaluated_accuracy(repo, "left"))
     assert pareto["right error"] == pareto["second task error"] == pytest.approx(1 - evaluated_accuracy(repo, "right"))
     _dvc(repo, "plots", "show", "-o", str(tmp_path / "plots"))
     page = (tmp_path / "plots" / "index.html").read_text()
     assert "plots/train/fairgrad-s0/left.json" in page and "Pareto front" in page and "second task error" in page
+    assert "<script src=" not in page.replace(" ", "")  # the libraries are inlined: the page draws offline
     compared = json.loads(_dvc(repo, "plots", "diff", "tiny", "famo", "--json"))
     assert not compared.get("errors"), compared["errors"]
     revisions = {rev for plot in compared["data"]["plots/experiment/s0/left.json"] for rev in plot["revisions"]}
@@ -172,7 +185,7 @@ def test_the_first_page_spec_runs_unchanged_in_dvc_repro_and_a_new_table_version
     assert proc.returncode == 0, proc.stderr
     _dvc(repo, "add", "-q", "churn.csv")
     params = yaml.safe_load((repo / "params.yaml").read_text())
-    params.update(spec="churn.yaml", data_options={}, methods=["ls"], epochs=1, method_hparams={},
+    params.update(spec="churn.yaml", data_options={}, methods=["ls"], epochs=1, method_hparams={"ls": {}},
                   train_options={"batch_size": 100})
     params["dvc"] = {"reference_tasks": ["churned", "spend"], "experiment_method": "ls"}
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
@@ -202,6 +215,10 @@ def test_the_first_page_spec_runs_unchanged_in_dvc_repro_and_a_new_table_version
     churn_csv(repo / "churn.csv", rows=600, skip=600)  # the table's next version
     _dvc(repo, "add", "-q", "churn.csv")
     assert changed_stages(repo) == {}  # the table is not a dependency: the source stage reads it
+    # ... and `mtlflow stage status` tells that it changed, before any repro
+    status = run_cli("stage", "status", cwd=repo)
+    assert status.returncode == 0 and list(json.loads(status.stdout)) == ["source"], status.stderr
+    assert "changed since dvc.lock (table_sha256)" in json.loads(status.stdout)["source"][0]
     assert stages_run(_dvc(repo, "repro", "--single-item", "source")) == {"source"}
     assert json.loads((repo / "data" / "source.json").read_text())["table_sha256"] != source["table_sha256"]
     # prepare sees a new data version, and everything after it follows from prepare's output

@@ -47,13 +47,26 @@ class DataConfig(ConfigModel):
             raise InvalidParameterError("spec_rev needs spec: give the task spec whose table revision it selects")
         self.build_benchmark()  # unknown benchmarks and options are refused by the benchmark
 
+    #: the values of ``benchmark`` that go with a spec: the rule, stated once (docs/guides/your-data.md, dvc.md)
+    SPEC_BENCHMARKS = ("spec", "")
+
     def preparation(self) -> tuple[str, dict[str, Any]]:
-        """The benchmark to prepare and its options: ``("spec", {"spec": ..., "rev": ...})`` for a task spec."""
+        """The benchmark to prepare and its options: ``("spec", {"spec": ..., "rev": ...})`` for a task spec.
+
+        With a spec, the spec describes the data: ``data_options`` must be empty and ``benchmark`` must be
+        ``spec``, ``""`` or left at its default (``multimnist``, which the pipelines' and params.yaml's
+        defaults carry); anything else would be silently ignored, so it is refused naming what to set."""
         if not self.spec:
             return self.benchmark, dict(self.data_options)
-        if self.benchmark not in ("spec", DataConfig.benchmark) or self.data_options:
-            raise InvalidParameterError(f"spec {self.spec} describes the data; drop benchmark={self.benchmark} and "
-                                        "data_options (or drop spec)")
+        fixes = []
+        if self.benchmark not in (*self.SPEC_BENCHMARKS, DataConfig.benchmark):
+            fixes.append((f"benchmark={self.benchmark}", "benchmark: spec"))
+        if self.data_options:
+            fixes.append((f"data_options ({', '.join(map(str, self.data_options))})", "data_options: {}"))
+        if fixes:
+            raise InvalidParameterError(f"spec {self.spec} describes the data, so {' and '.join(g for g, _ in fixes)} "
+                                        f"do not apply; set {' and '.join(f for _, f in fixes)} (or spec: '' to "
+                                        "prepare the benchmark instead)")
         return "spec", {"spec": self.spec, **({"rev": self.spec_rev} if self.spec_rev else {})}
 
     def build_benchmark(self) -> benchmarks.Benchmark:

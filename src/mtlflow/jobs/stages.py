@@ -1,10 +1,12 @@
-"""DVC stages: ``mtlflow stage {prepare,train,reference,evaluate,aggregate,experiment}`` read
-``params.yaml`` and call the same :mod:`mtlflow.jobs` functions as the CLI and the Kubeflow components.
+"""DVC stages: ``mtlflow stage {source,prepare,train,reference,evaluate,aggregate,experiment}`` read
+``params.yaml`` and call the same :mod:`mtlflow.jobs` functions as the CLI and the Kubeflow components;
+``mtlflow stage status`` says what ``dvc repro`` would run, the source stage's data inputs included.
 
 ``params.yaml`` is a :class:`~mtlflow.config.pipeline.SweepConfig` -- the ``benchmark_sweep`` pipeline's
 parameters, with the same names -- plus a ``dvc`` section with what only this pipeline needs:
 ``reference_tasks`` (the matrix of the reference stage: the benchmark's tasks) and ``experiment_method``
-(the research stage). Paths (relative to the DVC project root):
+(the research stage). ``method_hparams`` has an entry for every method a stage trains (each stage depends on
+its own). Paths (relative to the DVC project root):
 
 * ``data/source.json``                   -- what identifies the data's inputs (the benchmark and its options, or the
   task spec and its table's SHA-256); re-computed on every ``dvc repro``, so a new version of the user's table
@@ -16,25 +18,30 @@ parameters, with the same names -- plus a ``dvc`` section with what only this pi
 * ``runs/experiment/<method>-s<seed>``   -- the research run of ``dvc.experiment_method``
   (``dvc exp run -S dvc.experiment_method=X``);
 * ``metrics/train/<method>-s<seed>.json``, ``metrics/evaluate.json``, ``metrics/summary.json`` and
-  ``metrics/experiment.json`` -- DVC metrics;
+  ``metrics/experiment.json`` -- DVC metrics, keyed by method name whatever its hyper-parameters
+  (:func:`summary_metrics`);
 * ``plots/train/<method>-s<seed>/<task>.json`` and ``plots/experiment/s<seed>/<task>.json`` -- DVC plots: per epoch,
   the task's mean training loss and its primary metric on val and test (:func:`epoch_curves`);
-  ``plots/pareto.json`` -- every sweep method's primary-metric error per task and whether it is Pareto-optimal;
+  ``plots/pareto.json`` -- every sweep method's primary-metric error per task and whether it is Pareto-optimal
+  (``.dvc/plots/offline.html``, the page ``dvc plots show`` writes, has the Vega libraries inlined);
 * ``reports/latest`` and ``reports/experiment`` -- the aggregate reports (HTML, plots, tables).
 """
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mtlflow import jobs
 from mtlflow import methods as method_registry
-from mtlflow.config.pipeline import SweepConfig, reference_options
+from mtlflow.config.pipeline import SweepConfig, canonical_hparams, reference_options
 from mtlflow.core import atomic
 from mtlflow.core.errors import InvalidParameterError
+from mtlflow.ops import dvc as dvc_io
 
+LOCK = Path("dvc.lock")
 SOURCE = Path("data/source.json")
 DATA = Path("data/prepared")
 RUNS = Path("runs/mtl")
@@ -68,17 +75,43 @@ def load_params(path: str | Path = "params.yaml") -> DvcParams:
                                     "tasks) and experiment_method (the research stage's method)")
     experiment = dvc["experiment_method"]
     method_registry.get(experiment)  # an unknown name fails with the valid ones
-    hparams = dict(params.get("method_hparams") or {})
+    hparams = params.get("method_hparams")
+    if not isinstance(hparams, dict):
+        raise InvalidParameterError(f"{path}: method_hparams must map every method of methods and "
+                                    f"dvc.experiment_method to its hyper-parameters ({{}} for none), got {hparams!r}")
+    sweep_methods = params.get("methods", SweepConfig.defaults()["methods"])
+    sweep_methods = sweep_methods if isinstance(sweep_methods, list) else []  # SweepConfig names the error
+    check_hparams_entries(path, hparams, sweep_methods, experiment)
+    hparams = dict(hparams)
     experiment_hparams = dict(hparams.get(experiment) or {})
-    if experiment not in (params.get("methods") or SweepConfig.defaults()["methods"]):
-        hparams.pop(experiment, None)
-        method_registry.build(experiment, 2, **experiment_hparams)  # checks the names and values
+    # entries of methods outside the sweep (the experiment method, or methods that `-S methods=[...]` left out)
+    # are checked here and not passed to the sweep
+    for method in [m for m in hparams if m not in sweep_methods]:
+        method_registry.build(method, 2, **dict(hparams.pop(method) or {}))  # checks the names and values
     sweep = SweepConfig.from_mapping({**params, "method_hparams": hparams}, where=f"{path} key(s)")
     tasks = sweep.build_benchmark().task_names
     if list(dvc["reference_tasks"] or []) != list(tasks):
         raise InvalidParameterError(f"{path}: dvc.reference_tasks must list the benchmark's tasks {tasks} (the "
                                     "references of Δm%)")
     return DvcParams(sweep, list(tasks), experiment, experiment_hparams)
+
+
+def check_hparams_entries(path: Path, hparams: dict[str, Any], methods: list[str], experiment: str) -> None:
+    """Every method of the sweep and the experiment method has an entry under ``method_hparams`` (``{}`` for
+    none): each train stage depends on its own method's entry only (``method_hparams.${item.method}`` in
+    dvc.yaml, ``method_hparams.${dvc.experiment_method}`` for the experiment stage), so a change of one method's
+    hyper-parameters re-runs that method's stages alone -- and DVC fails on a stage whose entry is missing."""
+    missing = [m for m in dict.fromkeys([*methods, experiment]) if m not in hparams]
+    if missing:
+        listed = ", ".join(m if m in methods else f"{m} (dvc.experiment_method)" for m in missing)
+        raise InvalidParameterError(
+            f"{path}: method_hparams has no entry for {listed}; each DVC stage depends on its own method's entry: "
+            f"add {', '.join(f'{m}: {{}}' for m in missing)} under method_hparams (with dvc exp run: -S "
+            f"'+method_hparams.{missing[0]}={{}}')")
+    for method, values in hparams.items():
+        if values is not None and not isinstance(values, dict):
+            raise InvalidParameterError(f"{path}: method_hparams.{method} must be a mapping of hyper-parameters "
+                                        f"({{}} for none), got {values!r}")
 
 
 def run_name(method: str, seed: int) -> str:
@@ -89,8 +122,42 @@ def flat_metrics(final: dict[str, dict[str, float]]) -> dict[str, float]:
     return {f"{task}.{name}": value for task, values in final.items() for name, value in values.items()}
 
 
+def data_identity(params: DvcParams) -> dict[str, Any]:
+    return inside_project_relative(params.sweep.build_benchmark().data_identity(), Path.cwd())
+
+
 def stage_source(params: DvcParams) -> None:
-    atomic.write_json(SOURCE, inside_project_relative(params.sweep.build_benchmark().data_identity(), Path.cwd()))
+    atomic.write_json(SOURCE, data_identity(params))
+
+
+def source_status(params: DvcParams, lock: Path = LOCK) -> dict[str, Any]:
+    """Whether the data's inputs changed since ``dvc.lock``: the identity the source stage would write now
+    against the one the lock records. DVC itself only says "always changed" for the source stage (it has to
+    re-read the inputs), so this is how a new version of a table shows before ``dvc repro``."""
+    locked = dvc_io.locked_md5(lock, "source", SOURCE.as_posix())
+    if locked is None:
+        return {"changed": True, "why": f"{lock} records no source stage: dvc repro runs the pipeline"}
+    with tempfile.TemporaryDirectory(prefix="mtlflow-source-") as scratch:
+        now = Path(scratch) / SOURCE.name
+        atomic.write_json(now, data_identity(params))  # the very bytes the stage would write
+        if dvc_io.file_md5(now) == locked:
+            return {"changed": False, "why": "the data's inputs are those dvc.lock records"}
+        fresh = atomic.read_json(now, "data identity")
+    why = "the data's inputs changed since dvc.lock"
+    if SOURCE.is_file() and dvc_io.file_md5(SOURCE) == locked:  # the workspace copy is the locked one: name keys
+        recorded = atomic.read_json(SOURCE, "data identity")
+        keys = sorted(k for k in {*recorded, *fresh} if recorded.get(k) != fresh.get(k))
+        why += f" ({', '.join(keys)})"
+    return {"changed": True, "why": why + ": dvc repro prepares the data again and re-runs what follows"}
+
+
+def stage_status(params: DvcParams) -> dict[str, Any]:
+    """``dvc status`` with the source stage's real state in place of "always changed": ``{stage: reasons}`` of
+    every stage ``dvc repro`` would run (empty when everything is up to date)."""
+    status = dvc_io.pipeline_status(".")
+    status.pop("source", None)
+    source = source_status(params)
+    return {"source": [source["why"]], **status} if source["changed"] else status
 
 
 def inside_project_relative(value: Any, project: Path) -> Any:
@@ -161,9 +228,27 @@ def _reference_dirs(params: DvcParams) -> list[Path]:
     return [REFERENCES / f"{t}-s{s}" for t in params.reference_tasks for s in params.sweep.reference_seeds]
 
 
-def _scores(summary: dict[str, Any]) -> dict[str, dict[str, float]]:
-    return {label: {k: row[k] for k in ("delta_m", "mean_rank", "hypervolume") if k in row}
-            for label, row in summary["methods"].items()}
+def _scores(row: dict[str, Any]) -> dict[str, float]:
+    return {k: row[k] for k in ("delta_m", "mean_rank", "hypervolume") if k in row}
+
+
+def rows_by_method(params: DvcParams, summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The summary's rows under the sweep's method names. The summary labels a row with its hyper-parameters
+    (``fairgrad(alpha=2.0)``); DVC compares metrics by key, so a key that changed with a hyper-parameter would
+    read as one metric removed and another added (``-`` in ``dvc metrics diff``) instead of a change. A sweep
+    has one row per method, so the name alone identifies it; its hyper-parameters are recorded as values."""
+    method_of = {(RUNS / run_name(m, s)).resolve(): m for m in params.sweep.methods for s in params.sweep.seeds}
+    return {method_of[Path(row["runs"][0]).resolve()]: row for row in summary["methods"].values()}
+
+
+def summary_metrics(params: DvcParams, summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``metrics/summary.json``: per method name, its scores and the hyper-parameters it ran with (``hparams``,
+    left out when it has none: DVC drops an empty mapping, and the file reads back the same in ``dvc exp show``)."""
+    metrics = {}
+    for method, row in sorted(rows_by_method(params, summary).items()):
+        hparams = canonical_hparams(method, params.sweep.method_hparams.get(method, {}))
+        metrics[method] = {**_scores(row), **({"hparams": hparams} if hparams else {})}
+    return metrics
 
 
 def stage_evaluate(params: DvcParams) -> None:
@@ -180,22 +265,23 @@ def stage_evaluate(params: DvcParams) -> None:
 def stage_aggregate(params: DvcParams) -> None:
     runs = [RUNS / run_name(m, s) for m in params.sweep.methods for s in params.sweep.seeds]
     summary = jobs.aggregate(runs, Path("reports/latest"), reference_dirs=_reference_dirs(params))
-    atomic.write_json(Path("metrics/summary.json"), _scores(summary))
-    atomic.write_json(PLOTS / "pareto.json", pareto_points(summary))
+    atomic.write_json(Path("metrics/summary.json"), summary_metrics(params, summary))
+    atomic.write_json(PLOTS / "pareto.json", pareto_points(params, summary))
 
 
 #: the fields of the Pareto plot's axes (dvc.yaml's plots need fixed names): the first two tasks' errors
 PARETO_AXES = ("first task error", "second task error")
 
 
-def pareto_points(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per sweep method: its primary-metric error on each task (``<task> error``, lower is better; the
-    first two again under :data:`PARETO_AXES`, the axes of the report's Pareto plot) and whether no other
-    method beats it on every task."""
-    return [{"method": label, **dict(zip(PARETO_AXES, row["primary_errors"])),
+def pareto_points(params: DvcParams, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per sweep method (by name, as in ``metrics/summary.json``; ``label`` adds its hyper-parameters):
+    its primary-metric error on each task (``<task> error``, lower is better; the first two again under
+    :data:`PARETO_AXES`, the axes of the report's Pareto plot) and whether no other method beats it on every
+    task."""
+    return [{"method": method, "label": row["method"], **dict(zip(PARETO_AXES, row["primary_errors"])),
              **{f"{task} error": error for task, error in zip(summary["tasks"], row["primary_errors"])},
              "pareto_optimal": row["pareto_optimal"]}
-            for label, row in summary["methods"].items()]
+            for method, row in sorted(rows_by_method(params, summary).items())]
 
 
 def stage_experiment(params: DvcParams) -> None:
@@ -210,7 +296,7 @@ def stage_experiment(params: DvcParams) -> None:
         write_epoch_curves(out, PLOTS / "experiment" / f"s{seed}")
         runs.append(out)
     summary = jobs.aggregate(runs, Path("reports/experiment"), reference_dirs=_reference_dirs(params))
-    (label, row), = summary["methods"].items()
+    (row,) = summary["methods"].values()
     atomic.write_json(Path("metrics/experiment.json"), {
-        **_scores(summary)[label],
+        **_scores(row),
         **{f"test.{k}": v for k, v in flat_metrics(row["mean"]).items()}})

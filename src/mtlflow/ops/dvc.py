@@ -244,3 +244,34 @@ def version_metadata(data_dir: str | os.PathLike, remote_url: str | None) -> dic
         pushed = push_dataset(data_dir, remote_url)
         return {"git_revision": git_revision(), "dvc_hash": pushed["dvc_hash"], "dvc_remote": remote_url}
     return {"git_revision": git_revision(), "dvc_hash": directory_md5(data_dir), "dvc_remote": ""}
+
+
+def file_md5(path: str | os.PathLike) -> str:
+    """DVC's hash of a single file (``md5`` in ``dvc.lock``): the MD5 of its bytes."""
+    import hashlib
+
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "md5").hexdigest()
+
+
+def locked_md5(lock: str | os.PathLike, stage: str, out: str) -> str | None:
+    """The MD5 that ``dvc.lock`` records for output ``out`` of ``stage``; None when the stage never ran."""
+    lock = Path(lock)
+    if not lock.is_file():
+        return None
+    from mtlflow.core import atomic
+
+    entry = ((atomic.read_yaml(lock, "dvc.lock") or {}).get("stages") or {}).get(stage) or {}
+    return next((o.get("md5") for o in entry.get("outs") or [] if o.get("path") == out), None)
+
+
+def pipeline_status(root: str | os.PathLike = ".") -> dict[str, Any]:
+    """``dvc status`` of the project at ``root``: each stage that ``dvc repro`` would run, with why."""
+    from dvc.repo import Repo
+
+    try:
+        with _quiet_dvc(), Repo(str(root)) as repo:
+            return repo.status()
+    except Exception as exc:  # DVC raises many unrelated types; report them as one data error
+        text = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise DataError(f"dvc status in {Path(root).resolve()} failed: {text}") from None
