@@ -19,6 +19,11 @@ acts on the rows of the per-task gradient matrix w.r.t. the shared parameters (t
 engine), like TorchJD's GradDrop aggregator, which the tests compare against. Coordinates where every
 task gradient is zero get P = ½ (their output is 0 either way). U comes from a generator owned by
 the method, seeded from the run seed and checkpointed.
+
+No Gramian and no [K, P] temporary: per coordinate only the sums of the positive and of the negative
+entries matter (Σ_i g_i = S⁺ + S⁻, Σ_i |g_i| = S⁺ - S⁻, and the kept sign passes S⁺ or S⁻ whole), so J
+is read block by block through one small buffer (fresh [K, P] temporaries made GradDrop's update a third
+of the training step at K = 40, issue 29).
 """
 
 from __future__ import annotations
@@ -30,19 +35,47 @@ from mtlflow.core.hparams import HParam, unit_interval
 from mtlflow.methods.base import GradientMethod
 
 
-def sign_purity(grads: Tensor) -> Tensor:
-    """P = ½(1 + Σ_i g_i / Σ_i |g_i|) per coordinate (½ where every g_i is 0)."""
-    total = grads.sum(dim=0)
-    magnitude = grads.abs().sum(dim=0)
+#: entries of J clamped at once by :func:`sign_sums` (its work buffer)
+BLOCK = 1 << 20
+
+
+def sign_sums(grads: Tensor) -> tuple[Tensor, Tensor]:
+    """(S⁺, S⁻) per coordinate: Σ_i max(g_i, 0) and Σ_i min(g_i, 0), in ``grads``' dtype."""
+    k, p = grads.shape
+    positive = grads.new_empty(p)
+    negative = grads.new_empty(p)
+    ones = grads.new_ones(k)
+    columns = max(1, min(p, BLOCK // max(k, 1)))
+    buffer = grads.new_empty(k, columns)
+    for start in range(0, p, columns):
+        rows = grads[:, start:start + columns]
+        part = buffer[:, :rows.shape[1]]
+        torch.mv(torch.clamp(rows, min=0, out=part).T, ones, out=positive[start:start + columns])
+        torch.mv(torch.clamp(rows, max=0, out=part).T, ones, out=negative[start:start + columns])
+    return positive, negative
+
+
+def purity_of(positive: Tensor, negative: Tensor) -> Tensor:
+    """P = ½(1 + Σ_i g_i / Σ_i |g_i|) from the sign sums (½ where every g_i is 0)."""
+    total, magnitude = positive + negative, positive - negative
     ratio = torch.where(magnitude > 0, total / torch.where(magnitude > 0, magnitude, 1.0), 0.0)
     return 0.5 * (1.0 + ratio)
 
 
+def sign_purity(grads: Tensor) -> Tensor:
+    """P = ½(1 + Σ_i g_i / Σ_i |g_i|) per coordinate (½ where every g_i is 0)."""
+    return purity_of(*sign_sums(grads))
+
+
 def graddrop_direction(grads: Tensor, uniform: Tensor, leak: float = 0.0) -> Tensor:
-    """Σ_i (ℓ + (1 - ℓ) M_i) g_i for the thresholds ``uniform`` (one per coordinate)."""
-    purity = sign_purity(grads)
-    keep = ((purity > uniform) & (grads > 0)) | ((purity < uniform) & (grads < 0))
-    return ((leak + (1.0 - leak) * keep.to(grads.dtype)) * grads).sum(dim=0)
+    """Σ_i (ℓ + (1 - ℓ) M_i) g_i for the thresholds ``uniform`` (one per coordinate): the kept sign's sum
+    plus ℓ times the dropped ones' (both signs are dropped where P = U)."""
+    positive, negative = sign_sums(grads)
+    purity = purity_of(positive, negative)
+    keep_positive, keep_negative = purity > uniform, purity < uniform
+    kept = torch.where(keep_positive, positive, 0.0) + torch.where(keep_negative, negative, 0.0)
+    dropped = torch.where(keep_positive, 0.0, positive) + torch.where(keep_negative, 0.0, negative)
+    return kept + leak * dropped
 
 
 class GradDrop(GradientMethod):

@@ -168,6 +168,41 @@ def test_graddrop_leak_mixes_in_the_dropped_gradients_in_their_dtype() -> None:
     torch.testing.assert_close(graddrop_direction(grads, uniform, leak=0.3), expected, rtol=1e-15, atol=0)
 
 
+def test_graddrop_makes_no_temporary_of_the_jacobians_size_and_no_gramian(monkeypatch) -> None:
+    """Issue 29: GradDrop's fresh [K, P] temporaries (and a Gramian it does not need) made its update a third
+    of the training step at K = 40. Every tensor operation is watched: nothing it makes reaches K·P entries
+    or is K x K, and the direction is still Σ over the kept sign, computed independently in float64."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_flatten
+
+    from mtlflow.methods import graddrop
+
+    class Watch(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.shapes: list[tuple[int, ...]] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.shapes += [tuple(x.shape) for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
+            return out
+
+    k, p = 5, 4000
+    monkeypatch.setattr(graddrop, "BLOCK", k * 500)            # 500 columns a block: 8 blocks
+    grads = jacobian(4, k, p).float()
+    uniform = torch.rand(p, generator=torch.Generator().manual_seed(4))
+    watch = Watch()
+    with watch:
+        out = graddrop_direction(grads, uniform, leak=0.25)
+    assert max(int(np.prod(s)) for s in watch.shapes) < k * p and (k, k) not in watch.shapes
+    g = grads.double()
+    positive, negative = g.clamp(min=0).sum(dim=0), g.clamp(max=0).sum(dim=0)
+    purity = 0.5 * (1 + (positive + negative) / (positive - negative))
+    kept = torch.where(purity > uniform, positive, negative)
+    expected = kept + 0.25 * (positive + negative - kept)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
+
+
 def test_graddrop_generator_roundtrip() -> None:
     grads = jacobian(0, 3, 50)
     gd = methods.build("graddrop", 3, 5)

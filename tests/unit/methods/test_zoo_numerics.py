@@ -59,19 +59,124 @@ def mean_projection_onto_dual_cone(j: np.ndarray) -> np.ndarray:
     return np.mean(projections, axis=0)
 
 
-# -- Gramians formed in float64 -------------------------------------------------------------------
+# -- Gramians: float32 products of centred rows, assembled in float64 ------------------------------
 
-def test_float64_gramian_of_fp32_near_duplicates_is_positive_semidefinite() -> None:
+def assert_differences_close(g: np.ndarray, exact: np.ndarray, rtol: float = 1e-5) -> None:
+    """C G C (C = I - 11ᵀ/K: the Gramian of the rows' differences from their mean, what tells the tasks
+    apart) within rtol of its largest entry, or of the float64 rounding of forming C G C from G itself."""
+    c = np.eye(len(g)) - 1.0 / len(g)
+    floor = 100 * np.finfo(np.float64).eps * np.abs(exact).max()
+    np.testing.assert_allclose(c @ g @ c, c @ exact @ c, rtol=0, atol=rtol * np.abs(c @ exact @ c).max() + floor)
+
+
+@pytest.mark.parametrize("dtype,noise", [(torch.float32, 1e-4), (torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gramian_of_low_precision_near_duplicates_is_accurate_where_the_tasks_differ(
+        dtype: torch.dtype, noise: float, seed: int) -> None:
+    from mtlflow.methods._numerics import gramian_array, gramian_float64
+
+    j = near_duplicates(seed, 10, 1000, noise, dtype)
+    exact = exact_gramian(j)
+    c = np.eye(10) - 0.1
+    fp32 = (j.float() @ j.float().T).double().numpy()
+    # the failure mode of a plain float32 product: the differences between the tasks drown in its rounding
+    assert np.abs(c @ (fp32 - exact) @ c).max() > 1e-3 * np.abs(c @ exact @ c).max()
+    g = gramian_float64(j)
+    assert g.dtype == torch.float64 and torch.equal(g, g.T)
+    g = g.numpy()
+    np.testing.assert_allclose(g, exact, rtol=1e-6)
+    assert_differences_close(g, exact)
+    # PSD as the float64 Gramian is (to ~1e-16·λmax), the smallest eigenvalue (~1e-9·λmax in float32 at
+    # noise 1e-4) to 4 digits; gramian_array repairs no more than rounding
+    eigenvalues, reference = np.linalg.eigvalsh(g), np.linalg.eigvalsh(exact)
+    assert eigenvalues[0] >= -1e-14 * eigenvalues[-1]
+    assert eigenvalues[0] == pytest.approx(reference[0], rel=1e-3 if noise < 1e-2 else 1e-5)
+    repaired = gramian_array(g, "test")
+    assert np.linalg.eigvalsh(repaired)[0] >= -1e-14 * eigenvalues[-1]
+    np.testing.assert_allclose(repaired, g, rtol=1e-12)
+
+
+#: the torch functions that multiply matrices or vectors (what TF32/bf16 precision settings affect)
+PRODUCTS = {"mm", "matmul", "__matmul__", "mv", "addmm", "addmv", "dot", "bmm"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gramian_of_a_low_precision_jacobian_does_no_float64_work_on_it(dtype: torch.dtype, monkeypatch) -> None:
+    """Issue 29: a float64 copy and product of J [K, P] made every gradient method's solver 4-10x slower.
+    Every tensor operation inside the Gramian is watched: none takes or makes a float64 tensor larger than
+    one block's row (the float64 m·m), and every float32 matrix product runs at full float32 precision even
+    when the caller allowed TF32/bf16 passes."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_flatten
+
+    from mtlflow.methods import _numerics
+
+    class Watch(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.largest_float64, self.precisions = 0, set()
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            tensors = [x for x in tree_flatten((args, kwargs, out))[0] if isinstance(x, torch.Tensor)]
+            self.largest_float64 = max([self.largest_float64] + [x.numel() for x in tensors
+                                                                 if x.dtype == torch.float64])
+            if getattr(func, "__name__", "") in PRODUCTS and any(x.dtype == torch.float32 for x in tensors):
+                self.precisions.add(torch.get_float32_matmul_precision())
+            return out
+
+    k, p, columns = 6, 20_000, 1000
+    monkeypatch.setattr(_numerics, "GRAMIAN_BLOCK", (k + 1) * columns)
+    j = near_duplicates(0, k, p, 1e-3, dtype)
+    watch, previous = Watch(), torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        with watch:
+            g = _numerics.gramian_float64(j)
+        assert torch.get_float32_matmul_precision() == "medium"    # the caller's setting is restored
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    np.testing.assert_allclose(g.numpy(), exact_gramian(j), rtol=1e-6)
+    assert watch.largest_float64 <= columns    # a float64 copy of J would be k·p = 120,000 entries
+    assert watch.precisions == {"highest"}
+
+
+@pytest.mark.parametrize("magnitude", [1e25, 1e-25])
+def test_gramian_of_float32_gradients_far_from_one_neither_overflows_nor_underflows(magnitude: float) -> None:
+    # entries of 1e25 square to 1e50 (beyond float32's 3e38), of 1e-25 to 1e-50 (below its 1e-45); the rows
+    # are scaled by a power of two (exact) before their products, and the Gramian scaled back in float64
     from mtlflow.methods._numerics import gramian_float64
 
-    j = near_duplicates(0, 10, 1000, 1e-4, torch.float32)
-    fp32 = (j @ j.T).double().numpy()
-    assert np.linalg.eigvalsh(fp32).min() < -1e-9 * np.linalg.eigvalsh(fp32).max()   # the failure mode
-    g = gramian_float64(j)
-    assert g.dtype == torch.float64
-    np.testing.assert_allclose(g.numpy(), exact_gramian(j), rtol=1e-14, atol=1e-12)
-    eigenvalues = np.linalg.eigvalsh(g.numpy())
-    assert eigenvalues.min() >= -1e-14 * eigenvalues.max()
+    j = (near_duplicates(1, 4, 300, 0.5, torch.float64) * magnitude).float()
+    plain = j @ j.T
+    assert (not torch.isfinite(plain).all()) if magnitude > 1 else bool((plain == 0).all())
+    exact = exact_gramian(j)
+    norms = np.sqrt(np.diag(exact))
+    assert np.abs(gramian_float64(j).numpy() - exact).max() <= 1e-6 * norms.max() ** 2
+    np.testing.assert_allclose(np.diag(gramian_float64(j).numpy()), np.diag(exact), rtol=1e-6)
+
+
+def test_gramian_keeps_a_zero_row_exactly_zero_and_a_small_row_to_its_own_precision() -> None:
+    # centring must not leak the other rows' rounding into a zero gradient (methods treat those apart) nor
+    # into one 1e12 times smaller than the rest: those rows are kept as they are, not centred
+    from mtlflow.methods._numerics import gramian_float64
+
+    j = near_duplicates(3, 5, 400, 1e-3, torch.float64)
+    j[1] = 0.0
+    j[3] *= 1e-12
+    j = j.float()
+    g, exact = gramian_float64(j).numpy(), exact_gramian(j)
+    assert (g[1] == 0).all() and (g[:, 1] == 0).all()
+    norms = np.sqrt(np.diag(exact))
+    scaled = np.divide(g - exact, np.outer(norms, norms), out=np.zeros_like(g), where=np.outer(norms, norms) > 0)
+    assert np.abs(scaled).max() < 1e-6
+
+
+def test_gramian_of_float64_gradients_is_their_float64_product() -> None:
+    from mtlflow.methods._numerics import gramian_float64
+
+    j = near_duplicates(0, 10, 1000, 1e-4, torch.float64)
+    np.testing.assert_allclose(gramian_float64(j).numpy(), exact_gramian(j), rtol=1e-14, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype,noise", LOW_PRECISION)
@@ -472,13 +577,16 @@ def test_a_gramian_methods_direction_is_the_weighted_gradient_sum_in_the_gradien
     torch.testing.assert_close(d.double(), exact, rtol=tolerance, atol=tolerance * float(exact.abs().max()))
 
 
-def test_float64_gramian_accumulated_over_column_blocks_is_the_full_product(monkeypatch) -> None:
-    # the float64 copy is made a block of columns at a time (FLOAT64_BLOCK entries); every block counts
+def test_gramian_accumulated_over_column_blocks_is_the_full_product(monkeypatch) -> None:
+    # J is centred and multiplied a block of columns at a time (GRAMIAN_BLOCK entries, each block with its own
+    # mean); every block counts, and the near-duplicates' differences stay exact to float32 across blocks
     from mtlflow.methods import _numerics
 
-    j = near_duplicates(2, 3, 50, 0.5, torch.float32)
-    monkeypatch.setattr(_numerics, "FLOAT64_BLOCK", 3 * 8)  # 8 columns a block: 7 blocks, the last one short
-    np.testing.assert_allclose(_numerics.gramian_float64(j).numpy(), exact_gramian(j), rtol=1e-14, atol=1e-12)
+    j = near_duplicates(2, 3, 50, 1e-4, torch.float32)
+    monkeypatch.setattr(_numerics, "GRAMIAN_BLOCK", 4 * 8)  # 8 columns a block: 7 blocks, the last one short
+    g, exact = _numerics.gramian_float64(j).numpy(), exact_gramian(j)
+    np.testing.assert_allclose(g, exact, rtol=1e-6)
+    assert_differences_close(g, exact)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
