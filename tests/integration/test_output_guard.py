@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
+from file_system_support import fill, snapshot, tmpfs_mounts
 
 from mtlflow import cli, jobs
 
@@ -34,16 +34,6 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     jobs.prepare("toy", root / "data")
     jobs.train(root / "data", root / "run", epochs=1, progress=False)
     return {"root": root, "data": root / "data", "run": root / "run"}
-
-
-def snapshot(*roots: Path) -> dict[str, tuple[bool, int, int]]:
-    """Every path under ``roots`` with (is_dir, size, mtime): equal snapshots = nothing written or deleted."""
-    out = {}
-    for root in roots:
-        for path in [root, *root.rglob("*")]:
-            st = path.lstat()
-            out[str(path)] = (path.is_dir(), st.st_size if path.is_file() else 0, st.st_mtime_ns)
-    return out
 
 
 def run_refused(argv: str, fill: dict[str, str], capsys: pytest.CaptureFixture) -> tuple[int, str]:
@@ -252,33 +242,7 @@ def test_symlinks_as_output(writer, link, shared, tmp_path: Path, monkeypatch: p
 
 @pytest.fixture
 def mount_tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
-    """Mount small tmpfs file systems under ``tmp_path`` (root only: skipped with the reason otherwise)."""
-    mounted: list[Path] = []
-
-    def mount(options: str) -> Path:
-        point = tmp_path / f"fs{len(mounted)}"
-        point.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True,
-                              text=True)
-        if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}): the read-only and "
-                        "full file-system cases need root (or CAP_SYS_ADMIN)")
-        mounted.append(point)
-        return point
-
-    yield mount
-    for point in mounted:
-        subprocess.run(["umount", "--lazy", str(point)], check=False)  # lazy: even if a file is still open
-
-
-def _fill(point: Path) -> None:
-    """Write until the file system is full."""
-    with open(point / "filler", "wb", buffering=0) as fh:
-        try:
-            while True:
-                fh.write(b"\0" * 4096)
-        except OSError:  # ENOSPC: full
-            pass
+    yield from tmpfs_mounts(tmp_path)
 
 
 #: (id, tmpfs options, fill it first, command with {fs} the mount point)
@@ -294,10 +258,10 @@ FILE_SYSTEMS = [(f"{kind}-{name}", options, fill, argv)
 @pytest.mark.parametrize("case", FILE_SYSTEMS, ids=[c[0] for c in FILE_SYSTEMS])
 def test_read_only_or_full_file_system_is_refused_before_any_work(case, shared, tmp_path: Path, mount_tmpfs,
                                                                   monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    name, options, fill, argv = case
+    name, options, full, argv = case
     fs = mount_tmpfs(options)
-    if fill:
-        _fill(fs)
+    if full:
+        fill(fs)
     work = tmp_path / "work"
     work.mkdir()
     _spec(work)

@@ -21,6 +21,7 @@ from typing import Callable
 import pytest
 import torch
 from conftest import REPO_ROOT, run_cli, stderr_lines
+from file_system_support import snapshot
 
 from mtlflow import cli, jobs
 
@@ -34,16 +35,6 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     jobs.prepare("toy", root / "data")
     jobs.train(root / "data", root / "run", **TOY_RUN)
     return {"root": root, "data": root / "data", "run": root / "run"}
-
-
-def snapshot(*roots: Path) -> dict[str, tuple[bool, int, int]]:
-    """Every path under ``roots`` with (is_dir, size, mtime): equal snapshots = nothing written."""
-    out = {}
-    for root in roots:
-        for path in [root, *root.rglob("*")]:
-            st = path.lstat()
-            out[str(path)] = (path.is_dir(), st.st_size if path.is_file() else 0, st.st_mtime_ns)
-    return out
 
 
 # -- the battery: command -> exit code, one line naming the problem, nothing written ---------------
@@ -157,7 +148,7 @@ BATTERY = [
     ("benchmark-disagrees-with-data", "train --benchmark multimnist --data {data} --out {t}/r --epochs 1", None,
      None, 2, "disagrees with --data"),
     ("option-with-data", "train --data {data} --out {t}/r --data-option n_train=5 --epochs 1", None, None, 2,
-     "--data-option only apply"),
+     "--data-option applies only"),
     # 9. messages
     ("data-empty", "train --data= --out {t}/r --epochs 1", None, None, 2, "--data is empty"),
     ("methods-a-string", SUBMIT,
@@ -335,7 +326,9 @@ def test_resume_without_a_checkpoint_is_announced(shared, tmp_path: Path) -> Non
                    "--resume", "--no-progress")
     assert proc.returncode == 0, proc.stderr
     assert stderr_lines(proc) == [f"mtlflow: note: {tmp_path / 'new'} has no checkpoint to resume from; "
-                                  "starting at epoch 1"]
+                                  "starting at epoch 1",
+                                  "training: 1 epoch(s), 1000 optimizer steps, best validation epoch 1; not converged: "
+                                  "train longer (the validation score improved within the last 1 epoch(s))"]
 
 
 def test_dvc_push_leaves_no_temporary_copies_in_the_remote(shared, tmp_path: Path) -> None:

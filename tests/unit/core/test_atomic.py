@@ -5,12 +5,12 @@ no temporary file behind."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 import torch
+from file_system_support import fill, tmpfs_mounts
 
 from mtlflow.core import atomic
 from mtlflow.core.errors import StorageError
@@ -18,31 +18,7 @@ from mtlflow.core.errors import StorageError
 
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
-    """A small tmpfs under ``tmp_path`` (root only: skipped with the reason otherwise)."""
-    mounted: list[Path] = []
-
-    def mount(options: str) -> Path:
-        point = tmp_path / f"fs{len(mounted)}"
-        point.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True,
-                              text=True)
-        if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}): needs root")
-        mounted.append(point)
-        return point
-
-    yield mount
-    for point in mounted:
-        subprocess.run(["umount", "--lazy", str(point)], check=False)  # lazy: even if a file is still open
-
-
-def fill(point: Path) -> None:
-    with open(point / "filler", "wb", buffering=0) as fh:
-        try:
-            while True:
-                fh.write(b"\0" * 4096)
-        except OSError:  # ENOSPC: full
-            pass
+    yield from tmpfs_mounts(tmp_path)
 
 
 WRITERS = {
