@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 
-.PHONY: install demo test test-deps docs compile clean image image-push mutation wheels base-image e2e
+.PHONY: install demo readme-table test test-deps docs compile clean image image-push mutation wheels base-image e2e
 
 # pip only: it is the one installer that sees the machine's local wheel cache (torch is a 5.5 GB CUDA build).
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml setup.py
@@ -20,6 +20,10 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/mtlflow pipeline run --local --params-file pipelines/demo.yaml --workdir demo
 
+# After `make demo`: README.md's demo table and docs/results/demo.json from demo/results/results.json (tools/demo_table.py)
+readme-table: install
+	$(PY) tools/demo_table.py update demo/results/results.json
+
 # One pytest worker per core (pytest-xdist): the suite runs mostly one core at a time (subprocesses, small models),
 # so two workers on the 2-core machine take it from 18 to 12 minutes. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= auto
@@ -30,6 +34,11 @@ test: install test-deps docs
 export NO_MKDOCS_2_WARNING := 1
 docs: install
 	$(VENV)/bin/mkdocs build --strict --quiet -d build/site
+
+# docs/research/claims.md from the stored claim results (docs/research/claims/*.json); `mtlflow reproduce CLAIM` adds one.
+.PHONY: claims-ledger
+claims-ledger: install
+	$(VENV)/bin/mtlflow reproduce --ledger
 
 # Debian's Prometheus Pushgateway and promtool for the observability tests (skipped when both exist).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

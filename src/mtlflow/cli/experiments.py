@@ -1,4 +1,4 @@
-"""`mtlflow toy | bench | asmg-synthetic | hypercleaning | ablate | palora`: the papers' experiments."""
+"""`mtlflow toy | bench | asmg-synthetic | hypercleaning | ablate | palora | reproduce`: the papers' experiments."""
 
 from __future__ import annotations
 
@@ -20,12 +20,14 @@ from mtlflow.cli.common import (
     seed_list,
 )
 from mtlflow.core.errors import InvalidParameterError
+from mtlflow.core.outputs import check_output_dir, check_output_path
 from mtlflow.core.seeding import seed_arg
 
 
 def cmd_toy(args: argparse.Namespace) -> int:
     from mtlflow.experiments.trajectories import resolve_methods, run_toy
 
+    check_output_dir(args.out, "--out")
     names = resolve_methods(args.methods)
     summary = run_toy(names, args.out, steps=args.steps, scale=args.scale, lr=args.lr, seed=args.seed,
                       hparams=method_hparams(args, names), progress=not args.no_progress, jobs=args.jobs,
@@ -48,6 +50,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from mtlflow.experiments.bench import ENGINE_ROWS, SYNTHETIC, parse_task_counts, run_bench
     from mtlflow.experiments.trajectories import resolve_methods
 
+    check_output_dir(args.out, "--out")
     if args.spec_data:
         from mtlflow.experiments.spec_data_bench import run_spec_data_bench
 
@@ -73,6 +76,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_asmg_synthetic(args: argparse.Namespace) -> int:
     from mtlflow.experiments.asmg_synthetic import run_synthetic
 
+    check_output_dir(args.out, "--out")
     summary = run_synthetic(args.out, problems=csv_list(args.problems) or [], sample_sizes=int_list(args.n, "--n"),
                             seeds=seed_list(args.seeds), methods=csv_list(args.methods) or [],
                             dim=args.dim, iterations=args.iterations, beta=args.beta, update=args.update,
@@ -86,6 +90,7 @@ def cmd_asmg_synthetic(args: argparse.Namespace) -> int:
 def cmd_hypercleaning(args: argparse.Namespace) -> int:
     from mtlflow.experiments.hypercleaning import hypercleaning_table
 
+    check_output_dir(args.out, "--out", [("--data", args.data)])
     rows = csv_list(args.methods) or []
     # LS (no cleaning) has no hyper-parameters here
     hypercleaning_table(args.out, args.data, bench_config(args), methods=rows, seeds=seed_list(args.seeds),
@@ -103,6 +108,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     from mtlflow.experiments.cost_ablation import ablate
 
     check_data_source(args)
+    check_output_dir(args.out, "--out", [("--data", args.data)])
     ablate(args.out, args.data, args.benchmark, bench_config(args), method=args.method,
            hparams=method_hparams(args, [args.method]).get(args.method, {}), seeds=seed_list(args.seeds),
            component_trigger=args.trigger,
@@ -127,13 +133,45 @@ def cmd_palora(args: argparse.Namespace) -> int:
     except ValueError:
         raise InvalidParameterError(f"--preference must be comma-separated numbers, got {args.preference!r}") from None
     model_path = Path(args.run)
-    print(json.dumps(palora.merge_saved_model(model_path / "model.pt" if model_path.is_dir() else model_path,
-                                              preference, args.out)))
+    model_file = model_path / "model.pt" if model_path.is_dir() else model_path
+    check_output_path(args.out, "--out", "file", [("the run's model", model_file)])
+    print(json.dumps(palora.merge_saved_model(model_file, preference, args.out)))
+    return 0
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from mtlflow.experiments import claims
+
+    if args.list:
+        for claim in claims.CLAIMS.values():
+            print(f"{claim.key:<28} {claim.paper}, {claim.source}: {claim.statement}")
+        return 0
+    if args.ledger:
+        if args.claim:
+            raise InvalidParameterError("--ledger renders the stored results; give no CLAIM with it")
+        check_output_path(args.ledger_path, "--ledger-path", "file")
+        path = claims.write_ledger(args.out, args.ledger_path)
+        print(f"reproduce: wrote {path} from {args.out}")
+        return 0
+    if not args.claim:
+        raise InvalidParameterError("give a CLAIM (see `mtlflow reproduce --list`) or --ledger")
+    claims.get(args.claim)  # an unknown claim is named before the output folder is checked
+    if args.spec:
+        raise InvalidParameterError("--spec does not apply: a claim runs its paper's benchmark")
+    check_output_dir(args.out, "--out")
+    record = claims.reproduce(args.claim, args.scale, args.out, device=args.device, overwrite=args.overwrite,
+                              progress=not args.no_progress, seeds=seed_list(args.seeds) if args.seeds else None,
+                              config_override=parse_assignments(args.set, "--set"),
+                              data_options=bench_config(args), command="mtlflow " + " ".join(args.argv))
+    estimate = claims.format_estimate(record["estimate"], digits=4)
+    print(f"reproduce: {args.claim} ({args.scale}): {estimate} over {record['estimate']['n']} value(s); paper "
+          f"{record['paper_text']}; {record['verdict']} ({record['seconds']:.0f} s); wrote "
+          f"{claims.result_path(args.out, args.claim, args.scale)}")
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add the toy, bench, palora, asmg-synthetic, ablate, hypercleaning commands."""
+    """Add the toy, bench, palora, asmg-synthetic, ablate, hypercleaning, reproduce commands."""
     p = sub.add_parser("toy", help="every method on CAGrad's toy problem from the 5 start points: plot + table")
     p.add_argument("--methods", default="all", help="'all' (default) or a comma-separated list")
     p.add_argument("--steps", type=int, default=35_000, help="Adam steps (35000 = Nash-MTL; FAMO uses 50000)")
@@ -248,3 +286,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output directory (runs/, table.md, table.json)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_hypercleaning)
+
+    p = sub.add_parser("reproduce", help="run one seed paper's claim at paper or ci scale and store its result "
+                       "(mean, 95 %% interval, verdict); --ledger regenerates docs/research/claims.md")
+    p.add_argument("claim", nargs="?", help="claim key (`mtlflow reproduce --list`)")
+    p.add_argument("--scale", default="ci", choices=["paper", "ci"], help="ci (default: minutes on a CPU) or paper")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--out", default="docs/research/claims", help="results folder (default docs/research/claims)")
+    p.add_argument("--overwrite", action="store_true", help="replace the claim's existing result file")
+    p.add_argument("--seeds", help="comma-separated seeds instead of the scale's (a quick check)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override one setting of the scale's configuration (repeatable), e.g. steps=2000")
+    add_data_options(p)
+    p.add_argument("--ledger", action="store_true", help="regenerate the ledger from the result files in --out")
+    p.add_argument("--ledger-path", default="docs/research/claims.md", help="where --ledger writes")
+    p.add_argument("--list", action="store_true", help="list the registered claims")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_reproduce)
