@@ -37,19 +37,27 @@ def first_page_commands() -> list[str]:
     return [line for line in block.splitlines() if line.strip()]
 
 
-def churn_csv(path: Path, rows: int = 3000, skip: int = 0) -> Path:
-    """The docs' example table ``churn.csv``, made of real scm20d rows ``skip .. skip + rows``: a binary task
-    ``churned`` (the price above its median, "yes"/"no") and a regression task ``spend``, the other columns
-    as features."""
+def churn_csv(path: Path, rows: int = 400, skip: int = 0, missing_share: float = 0.15) -> Path:
+    """The docs' example table ``churn.csv``, made of real scm20d rows ``skip .. skip + rows``, with three tasks
+    of three kinds: ``churned`` (binary: the price LBL above its median, "yes"/"no"; a deterministic
+    ``missing_share`` of its cells blank, the rows drawn by a seeded generator), ``spend`` (regression: the
+    target MTLp2A) and ``plan`` (multiclass: the tertiles of the target MTLp9A, "basic"/"plus"/"pro"). The
+    three source targets are dropped; every other column (the 61 features and the 13 other targets) is a
+    feature."""
     import numpy as np
     import pandas as pd
 
     from mtlflow.benchmarks._tabular import read_arff
 
     table, names = read_arff(realdata("mtr", "scm20d.arff"))
-    frame = pd.DataFrame(table, columns=names).iloc[skip:skip + rows]
-    frame["churned"] = np.where(frame["LBL"] > frame["LBL"].median(), "yes", "no")
-    frame.drop(columns=["LBL"]).rename(columns={"MTLp2A": "spend"}).to_csv(path, index=False)
+    frame = pd.DataFrame(table, columns=names).iloc[skip:skip + rows].reset_index(drop=True)
+    churned = pd.Series(np.where(frame["LBL"] > frame["LBL"].median(), "yes", "no"), dtype=object)
+    blank = np.random.default_rng(0).choice(len(frame), size=round(missing_share * len(frame)), replace=False)
+    churned.iloc[blank] = None
+    frame["churned"] = churned
+    frame["plan"] = pd.qcut(frame["MTLp9A"], 3, labels=["basic", "plus", "pro"]).astype(str)
+    frame = frame.drop(columns=["LBL", "MTLp9A"]).rename(columns={"MTLp2A": "spend"})
+    frame.to_csv(path, index=False)
     return path
 
 
@@ -139,14 +147,15 @@ def small_copy(multimnist_small: Path, tmp_path: Path) -> Path:
 TINY_RUN = {"batch_size": 64, "max_steps_per_epoch": 2, "progress": False}
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess:
     """Run ``python -m mtlflow ARGS`` in a fresh interpreter and capture its output."""
     full_env = dict(os.environ)
     full_env["HF_HUB_OFFLINE"] = "1"
     if env:
         full_env.update(env)
     return subprocess.run([sys.executable, "-m", "mtlflow", *args], capture_output=True, text=True,
-                          env=full_env, cwd=cwd or REPO_ROOT, timeout=300)
+                          env=full_env, cwd=cwd or REPO_ROOT, timeout=timeout)
 
 
 def stderr_lines(proc: subprocess.CompletedProcess) -> list[str]:

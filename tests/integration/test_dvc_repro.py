@@ -187,13 +187,13 @@ def test_the_first_page_spec_runs_unchanged_in_dvc_repro_and_a_new_table_version
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params.update(spec="churn.yaml", data_options={}, methods=["ls"], epochs=1, method_hparams={"ls": {}},
                   train_options={"batch_size": 100})
-    params["dvc"] = {"reference_tasks": ["churned", "spend"], "experiment_method": "ls"}
+    params["dvc"] = {"reference_tasks": ["churned", "spend", "plan"], "experiment_method": "ls"}
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     _run(["git", "add", "churn.csv.dvc", ".gitignore", "churn.yaml", "params.yaml"], repo)
     _run(["git", "commit", "-qm", "churn.csv, version 1"], repo)
 
-    every_stage = {"source", "prepare", "train@ls-0", "reference@churned-0", "reference@spend-0", "evaluate",
-                   "aggregate", "experiment"}
+    every_stage = {"source", "prepare", "train@ls-0", "reference@churned-0", "reference@spend-0", "reference@plan-0",
+                   "evaluate", "aggregate", "experiment"}
     assert stages_run(_dvc(repo, "repro")) == every_stage
     summary = json.loads((repo / "metrics" / "summary.json").read_text())
     assert set(summary) == {"ls"} and math.isfinite(summary["ls"]["delta_m"])
