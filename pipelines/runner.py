@@ -88,7 +88,9 @@ class PipelineFailed(MtlflowError):
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_TASK_ERROR = re.compile(r"mtlflow\.core\.errors\.\w+: (.+)$")
+#: a task's own error in its traceback: any mtlflow exception (mtlflow.core.errors.DataError, the spec's
+#: mtlflow.benchmarks._spec.schema.SpecError, ...) with its one-line message
+_TASK_ERROR = re.compile(r"\bmtlflow(?:\.\w+)*\.\w*(?:Error|Failed|Exceeded|Terminated)\w*: (.+)$")
 
 
 def failure_reason(message: str, log_path: Path) -> str:
@@ -200,8 +202,12 @@ def run_local(params: Mapping[str, Any], workdir: str | Path = "runs/pipeline", 
     config = pipeline_config(name, params)
     from mtlflow.jobs.data import source_paths
 
+    bench = config.build_benchmark()
+    check_source = getattr(bench, "check_source", None)
+    if check_source is not None:  # a spec's table, labels and split: refused here, before the workdir is written
+        check_source()
     # the workdir holds the DVC storage and artifacts: it must keep clear of the data it is prepared from
-    sources = source_paths(config.build_benchmark(), config.preparation()[1])
+    sources = source_paths(bench, config.preparation()[1])
     check_output_dir(workdir, "--workdir", sources)
     if storage_root is not None:
         check_output_dir(storage_root, "--storage-root", sources)

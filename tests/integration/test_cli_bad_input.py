@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from conftest import TINY_RUN, run_cli, stderr_lines
@@ -234,3 +235,223 @@ def test_aggregate_rejects_unfinished_run(tiny_runs: dict[str, Path], tmp_path: 
     proc = run_cli("aggregate", str(broken), "--out", str(tmp_path / "agg"))
     line = assert_one_line_error(proc, 3)
     assert "did not complete" in line
+
+
+# -- the battery of spec fields and sizes (issue 29, items 9 and 11) ------------------------------
+
+def write_table(folder: Path) -> Path:
+    """A 60-row table: two numeric features, a binary label ``a``, a numeric ``b`` and a binary ``größe``."""
+    rows = ["x1,x2,a,b,größe"] + [f"{(7 * i) % 11 / 10},{(5 * i) % 13 / 10},{i % 2},{(3 * i) % 17 / 10},{i // 30}"
+                                  for i in range(60)]
+    table = folder / "table.csv"
+    table.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return table
+
+
+def write_spec(folder: Path, text: str = "") -> Path:
+    """A spec of :func:`write_table`'s table with ``text`` appended (more top-level keys)."""
+    write_table(folder)
+    spec = folder / "spec.yaml"
+    spec.write_text("name: mine\nsource:\n  table: table.csv\ntasks:\n  - name: a\n    type: binary\n"
+                    "  - name: b\n    type: regression\nfeatures:\n  numeric: [x1, x2]\n" + text, encoding="utf-8")
+    return spec
+
+
+def blank_column(column: str) -> Callable[[Path], None]:
+    """A table edit: every cell of ``column`` empty."""
+    def edit(table: Path) -> None:
+        rows = [line.split(",") for line in table.read_text(encoding="utf-8").splitlines()]
+        at = rows[0].index(column)
+        for row in rows[1:]:
+            row[at] = ""
+        table.write_text("\n".join(",".join(row) for row in rows) + "\n", encoding="utf-8")
+    return edit
+
+
+def bad_cell(table: Path) -> None:
+    """A table edit: data row 5 of the numeric feature x2 holds text."""
+    lines = table.read_text(encoding="utf-8").splitlines()
+    cells = lines[5].split(",")
+    cells[1] = "abc"
+    lines[5] = ",".join(cells)
+    table.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize("case, text, edit, command, expected", [
+    ("factory of another signature", "model:\n  factory: json:dumps\n", None, "train",
+     ["spec.yaml:12: model.factory: json:dumps", "function(spec, schema)"]),
+    ("factory returning no model", "model:\n  factory: operator:is_\n", None, "train",
+     ["operator:is_ returned a bool, not a mtlflow.models.MultiTaskModel"]),
+    ("a width of 1e12", "model:\n  hidden: [1000000000000]\n", None, "prepare", ["spec.yaml:12: model.hidden", "65536"]),
+    ("3.6e9 hidden weights", "model:\n  hidden: [60000, 60000]\n", None, "prepare", ["model.hidden", "budget"]),
+    ("unknown train: key", "train:\n  epohcs: 3\n", None, "train",
+     ["training default(s) epohcs (the spec's train: section", "not `mtlflow train` options"]),
+    ("unknown train: key at prepare", "train:\n  epohcs: 3\n", None, "prepare", ["training default(s) epohcs"]),
+    ("a batch of 2**70 in train:", f"train:\n  batch_size: {2**70}\n", None, "prepare",
+     ["batch_size must be an integer from 1 to 2147483648"]),
+    ("duplicate YAML key", "name: other\n", None, "prepare",
+     ["spec.yaml:11:1: key 'name' appears twice in one mapping (first at line 1)"]),
+    ("non-numeric cell", "", bad_cell, "prepare",
+     ["spec.yaml:10: features.numeric[1]: feature 'x2' is not numeric: data row 5 holds 'abc'; clean the cell or list "
+      "the column under features.categorical"]),
+    ("all-missing label", "", blank_column("a"), "prepare",
+     ["tasks[0].name: class column 'a' has no labels: every cell is empty"]),
+])
+def test_spec_fields_are_refused_in_one_line(case: str, text: str, edit: Callable[[Path], None] | None, command: str,
+                                             expected: list[str], tmp_path: Path) -> None:
+    """Through `train --spec` (prepared into the cache first) the errors keep the spec's FILE:LINE too."""
+    spec = write_spec(tmp_path, text)
+    if edit is not None:
+        edit(tmp_path / "table.csv")
+    if command == "train":
+        proc = run_cli("train", "--spec", str(spec), "--epochs", "1", "--out", str(tmp_path / "out"),
+                       env={"MTLFLOW_CACHE": str(tmp_path / "cache")})
+    else:
+        proc = run_cli("prepare", "--spec", str(spec), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2, (case, proc.stderr)
+    assert "Traceback" not in proc.stderr, case
+    line = stderr_lines(proc)[-1]  # `train --spec` says first that it prepares the data into the cache
+    for part in expected:
+        assert part in line, (case, line)
+    assert not (tmp_path / "out").exists(), case
+
+
+@pytest.mark.parametrize("tasks, expected", [("a,a", "--tasks names a more than once"),
+                                             ("a,nope", "--tasks nope: not columns")])
+def test_spec_init_refuses_task_columns_in_one_line(tasks: str, expected: str, tmp_path: Path) -> None:
+    table = write_table(tmp_path)
+    proc = run_cli("spec", "init", str(table), "--tasks", tasks, "--out", str(tmp_path / "spec.yaml"))
+    assert expected in assert_one_line_error(proc, 2)
+    assert not (tmp_path / "spec.yaml").exists()
+
+
+def test_spec_init_names_a_task_whose_column_is_no_valid_name(tmp_path: Path) -> None:
+    """``größe`` is a column but no task name (ASCII letters, digits, _ . -): the task keeps it as its column."""
+    import yaml
+
+    table = write_table(tmp_path)
+    proc = run_cli("spec", "init", str(table), "--tasks", "a,größe", "--out", str(tmp_path / "spec.yaml"))
+    assert proc.returncode == 0, proc.stderr
+    written = yaml.safe_load((tmp_path / "spec.yaml").read_text(encoding="utf-8"))
+    assert written["tasks"][1] == {"name": "gr__e", "column": "größe", "type": "binary"}
+    proc = run_cli("prepare", "--spec", str(tmp_path / "spec.yaml"), "--out", str(tmp_path / "data"))
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("option, value, expected", [
+    ("--batch-size", str(2**70), "batch_size must be an integer from 1 to 2147483648"),
+    ("--eval-batch-size", str(2**70), "eval_batch_size must be an integer from 1 to 2147483648"),
+    ("--batch-size", str(2**31 + 1), "batch_size must be an integer from 1 to 2147483648"),
+    ("--architecture", "os.path:join", "architecture os.path:join is the function posixpath.join, not a model factory"),
+])
+def test_sizes_and_factories_are_refused_before_training(option: str, value: str, expected: str,
+                                                         tmp_path: Path) -> None:
+    data = tmp_path / "toy"
+    jobs.prepare("toy", data)
+    proc = run_cli("train", "--data", str(data), option, value, "--epochs", "1", "--out", str(tmp_path / "run"))
+    assert expected in assert_one_line_error(proc, 2)
+    assert not (tmp_path / "run").exists(), "a refused input left a run directory (run.json 'failed')"
+
+
+@pytest.mark.parametrize("case, edit, expected", [
+    ("missing table", ("table: table.csv", "table: nope.csv"), "spec.yaml:3: source.table: file not found"),
+    ("unknown task column", ("name: b\n", "name: nocol\n"), "tasks[1].name: column 'nocol' is not in the table"),
+])
+def test_pipeline_refuses_a_bad_spec_before_it_starts(case: str, edit: tuple[str, str], expected: str,
+                                                      tmp_path: Path) -> None:
+    spec = write_spec(tmp_path)
+    spec.write_text(spec.read_text(encoding="utf-8").replace(*edit), encoding="utf-8")
+    workdir = tmp_path / "pipeline"
+    proc = run_cli("pipeline", "run", "--local", "--param", f"spec={spec}", "--workdir", str(workdir))
+    assert expected in assert_one_line_error(proc, 2), case
+    assert not workdir.exists(), f"{case}: the workdir was written for a refused spec"
+
+
+def test_a_failed_pipeline_task_is_reported_by_its_own_error(tmp_path: Path) -> None:
+    """The last mtlflow error of the failed task's traceback in kfp-local.log, whatever module defines it."""
+    from mtlflow.pipelines.runner import failure_reason
+
+    log = tmp_path / "kfp-local.log"
+    log.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+                   "mtlflow.benchmarks._spec.schema.SpecError: /d/spec.yaml:12: tasks[1].name: column 'nocol' is "
+                   "not in the table (columns: a, b); fix the name\n"
+                   "\x1b[31mERROR\x1b[0m Task 'prepare-data' finished with status FAILURE\n")
+    reason = failure_reason("Inner task failed: 'prepare-data'\nmore", log)
+    assert reason == "/d/spec.yaml:12: tasks[1].name: column 'nocol' is not in the table (columns: a, b); fix the name"
+    log.write_text("Traceback (most recent call last):\nmtlflow.core.errors.DataError: /d/manifest.json is missing\n")
+    assert failure_reason("Inner task failed: 'train'", log) == "/d/manifest.json is missing"
+    log.write_text("nothing of mtlflow here\n")
+    assert failure_reason("\x1b[31mInner task failed: 'train'\x1b[0m\nmore", log) == "Inner task failed: 'train'"
+
+
+def _toy_data(tmp_path: Path) -> None:
+    jobs.prepare("toy", tmp_path / "toy")
+
+
+def _unknown_benchmark_manifest(tmp_path: Path) -> None:
+    _toy_data(tmp_path)
+    manifest = json.loads((tmp_path / "toy" / "manifest.json").read_text())
+    (tmp_path / "toy" / "manifest.json").write_text(json.dumps({**manifest, "benchmark": "nobench"}))
+
+
+def _non_empty_folder(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+
+
+def _sweep_project(tmp_path: Path) -> None:
+    shutil.copy(Path(__file__).resolve().parents[2] / "params.yaml", tmp_path / "params.yaml")
+
+
+@pytest.mark.parametrize("case, setup, argv, code, expected", [
+    ("repeated reference seeds", None, "pipeline run --local --param benchmark=toy --param reference_seeds=[0,0] "
+     "--workdir {t}/out", 2, "reference_seeds lists 0 more than once; give each once"),
+    ("duplicate key in a params file", lambda t: (t / "p.yaml").write_text("epochs: 1\nseeds: [0]\nepochs: 2\n"),
+     "pipeline run --local --params {t}/p.yaml --workdir {t}/out", 2,
+     "p.yaml:3:1: key 'epochs' appears twice in one mapping (first at line 1)"),
+    ("data pull into a non-empty folder", _non_empty_folder, "data pull 0123456789abcdef0123456789abcdef.dir "
+     "--remote {t}/remote --out {t}/out", 2, "out is not empty; pull a data version into a new directory"),
+    ("manifest of an unknown benchmark", _unknown_benchmark_manifest, "train --data {t}/toy --out {t}/out", 3,
+     "toy/manifest.json names benchmark 'nobench', which is not installed here"),
+    ("--spec with --data", _toy_data, "train --data {t}/toy --spec {t}/spec.yaml --out {t}/out", 2,
+     "error: --spec applies only where this command prepares the data"),  # not "--benchmark spec disagrees"
+    ("experiment without references", _sweep_project, "stage experiment", 3,
+     "the single-task references runs/reference/left-s0, "),
+])
+def test_other_inputs_are_refused_in_one_line(case: str, setup: Callable[[Path], None] | None, argv: str, code: int,
+                                              expected: str, tmp_path: Path) -> None:
+    if setup is not None:
+        setup(tmp_path)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    proc = run_cli(*argv.format(t=tmp_path).split(), cwd=tmp_path)
+    line = assert_one_line_error(proc, code)
+    assert expected in line, (case, line)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before, f"{case}: something was written"
+
+
+def test_spec_init_says_which_columns_it_leaves_out(tmp_path: Path) -> None:
+    """A numeric column with a text cell is neither a feature nor categories: the output names it and the cell."""
+    table = write_table(tmp_path)
+    bad_cell(table)
+    proc = run_cli("spec", "init", str(table), "--tasks", "a,b", "--out", str(tmp_path / "spec.yaml"))
+    assert proc.returncode == 0, proc.stderr
+    assert "x2 (data row 5 holds 'abc')" in proc.stdout
+    assert "features.numeric" in proc.stdout
+    import yaml
+
+    features = yaml.safe_load((tmp_path / "spec.yaml").read_text(encoding="utf-8"))["features"]
+    assert features == {"numeric": ["x1", "größe"], "categorical": []}
+
+
+def test_an_interrupted_prepare_does_not_suggest_resume(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """`prepare` has no --resume: its interruption message says to start it again."""
+    from mtlflow.cli import main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jobs, "prepare", interrupted)
+    assert main(["prepare", "--benchmark", "toy", "--out", str(tmp_path / "data")]) == 130
+    message = capsys.readouterr().err
+    assert "--resume" not in message and "start the same command again" in message

@@ -130,8 +130,49 @@ class SpecBenchmark(Benchmark):
         return identity
 
     # -- prepare -------------------------------------------------------------------------------------
+    def check_source(self) -> None:
+        """Read the table and run prepare's checks of labels, split and features, writing nothing: what a
+        pipeline runs before it starts, so that a bad spec is refused at once (exit 2) rather than inside a task.
+        (The SMILES of a molecule table and the files of an image table are checked by prepare itself.)"""
+        self._check_weights()
+        table = read_source(self.spec).table
+        if self.spec.modality == "images":
+            from mtlflow.benchmarks._spec.tables import column
+
+            column(table, self.spec.source.image_path_column, location_of(self.spec), ("source", "image_column"))
+        if self.spec.modality == "molecules":
+            from mtlflow.benchmarks._spec.tables import column
+
+            column(table, self.spec.source.smiles, location_of(self.spec), ("source", "smiles"))
+        _, codes, _, _ = self._labels_and_split(table)
+        if self.spec.modality == "table":
+            encode_features(self.spec, table, codes == 0)
+
+    def _check_weights(self) -> None:
+        """A resnet's weights file is loaded into the trunk at prepare, so that a wrong file is refused there
+        (naming model.weights) rather than at train, after the images were written."""
+        if self.spec.model.weights is not None and self.spec.trunk.startswith("resnet"):
+            self._trunk()
+
+    def _labels_and_split(self, table: Any) -> tuple[dict[str, Any], np.ndarray, dict[str, Any], dict[str, Any]]:
+        """Each task's encoded labels, the split codes, the labelled rows per task and split, and the regression
+        targets' training statistics (a task without a labelled training row is a SpecError)."""
+        spec, where = self.spec, location_of(self.spec)
+        labels = {t.name: encode_task(table, t, i, where) for i, t in enumerate(spec.tasks)}
+        codes = split_codes(spec, table, labels)
+        counts = {t.name: {s: labelled_rows(labels[t.name].values[codes == c]) for c, s in enumerate(SPLITS)}
+                  for t in spec.tasks}
+        for index, entry in enumerate(spec.tasks):
+            if counts[entry.name]["train"] == 0:
+                raise where.error(("tasks", index), f"task {entry.name!r} has no labelled row in the train split; "
+                                                    "fill its labels or change the split")
+        statistics = {t.name: regression_statistics(labels[t.name].values, codes == 0, where, i)
+                      for i, t in enumerate(spec.tasks) if t.type == "regression"}
+        return labels, codes, counts, statistics
+
     def write_data(self, out_dir: Path) -> dict[str, Any]:
         spec, where = self.spec, location_of(self.spec)
+        self._check_weights()
         source = read_source(spec)
         table, skipped = source.table, 0
         if spec.modality == "molecules":
@@ -140,17 +181,8 @@ class SpecBenchmark(Benchmark):
             from mtlflow.benchmarks._spec.images import write_images
 
             table, skipped = write_images(spec, table, out_dir)
-        labels = {t.name: encode_task(table, t, i, where) for i, t in enumerate(spec.tasks)}
-        codes = split_codes(spec, table, labels)
+        labels, codes, counts, statistics = self._labels_and_split(table)
         train = codes == 0
-        counts = {t.name: {s: labelled_rows(labels[t.name].values[codes == c]) for c, s in enumerate(SPLITS)}
-                  for t in spec.tasks}
-        for index, entry in enumerate(spec.tasks):
-            if counts[entry.name]["train"] == 0:
-                raise where.error(("tasks", index), f"task {entry.name!r} has no labelled row in the train split; "
-                                                    "fill its labels or change the split")
-        statistics = {t.name: regression_statistics(labels[t.name].values, train, where, i)
-                      for i, t in enumerate(spec.tasks) if t.type == "regression"}
         schema: dict[str, Any] = {
             "modality": spec.modality,
             "rows": int(table.num_rows),

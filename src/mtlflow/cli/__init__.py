@@ -33,6 +33,14 @@ def _raise_terminated(signum: int, frame: Any) -> None:
     raise Terminated(signal.Signals(signum).name)
 
 
+def _after_interruption(args: Any) -> str:
+    """What to do after an interrupted command: --resume where the command has it (train), else start it again
+    (prepare has no --resume to suggest)."""
+    if hasattr(args, "resume"):
+        return "checkpoints are intact, resume with the same command and --resume"
+    return "start the same command again"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # torch_geometric scripts a module at import time and torch 2.14 deprecates that: a warning about a
     # dependency's internals, printed to every user of the molecule data, which no user can act on
@@ -47,11 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mtlflow: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except Terminated as exc:
-        print(f"mtlflow: terminated by {exc}; checkpoints are intact, resume with the same command and --resume",
-              file=sys.stderr)
+        print(f"mtlflow: terminated by {exc}; {_after_interruption(args)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("mtlflow: interrupted; resume with the same command and --resume", file=sys.stderr)
+        print(f"mtlflow: interrupted; {_after_interruption(args)}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `mtlflow ... | head`: the reader left; end quietly, as a shell tool does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -117,13 +117,15 @@ def check_data_source(args: argparse.Namespace) -> None:
     from mtlflow.benchmarks.base import read_manifest
 
     prepared = read_manifest(args.data)
-    if args.benchmark is not None and args.benchmark != prepared.get("benchmark"):
+    # --spec FILE sets --benchmark spec: the --spec check below names the flag the user gave
+    if args.benchmark is not None and not args.spec and args.benchmark != prepared.get("benchmark"):
         raise InvalidParameterError(f"--benchmark {args.benchmark} disagrees with --data {args.data}, which holds "
                                     f"{prepared.get('benchmark')!r} data; give only one of them")
     given = [flag for flag, value in (("--data-option", args.data_option), ("--mnist-dir", args.mnist_dir),
                                       ("--data-dir", args.data_dir), ("--spec", args.spec)) if value]
     if given:
-        raise InvalidParameterError(f"{', '.join(given)} only apply when data is prepared (--benchmark, --spec); "
+        raise InvalidParameterError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only where this "
+                                    "command prepares the data (--benchmark NAME or --spec FILE without --data); "
                                     f"--data {args.data} is already prepared, so drop {' and '.join(given)}")
 
 

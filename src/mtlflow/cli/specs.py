@@ -18,7 +18,11 @@ def cmd_spec_init(args: argparse.Namespace) -> int:
     out = check_output_path(args.out, "--out", "file", [("the table", args.table), ("--images", args.images, True)])
     if out.exists() and not args.overwrite:
         raise InvalidParameterError(f"{out} exists; give another --out or --overwrite to replace it")
-    atomic.write_text(out, infer_spec(args.table, csv_list(args.tasks) or [], out, images=args.images))
+    text = infer_spec(args.table, csv_list(args.tasks) or [], out, images=args.images)
+    atomic.write_text(out, text)
+    for line in text.splitlines():
+        if line.startswith("# left out"):  # columns that are not in the spec: said here, not only in the file
+            print(line.removeprefix("# "))
     print(f"spec: {out} (check the task kinds and features it lists, then: mtlflow pipeline run --local "
           f"--param spec={out})")
     return 0

@@ -48,9 +48,7 @@ def validate_sweep(methods: Sequence[str], seeds: Sequence[int], method_hparams:
     for name, values in (("methods", methods), ("seeds", seeds)):
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
             raise InvalidParameterError(f"{name} must be a list, got {values!r}; write e.g. [{values}]")
-        repeated = sorted({repr(v) for v in values if list(values).count(v) > 1})
-        if repeated:  # a repeated run would be counted as one more seed with zero spread
-            raise InvalidParameterError(f"{name} lists {', '.join(repeated)} more than once; give each once")
+        refuse_repeats(name, values)
     for seed in seeds:
         check_seed(seed, "every seed")
     if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
@@ -72,6 +70,14 @@ def canonical_hparams(method: str, hparams: Mapping[str, Any]) -> dict[str, Any]
     return {k: declared[k].coerce(method, k, v) if k in declared else v for k, v in hparams.items()}
 
 
+def refuse_repeats(name: str, values: Sequence[Any]) -> None:
+    """Refuse a list that names a value twice: a repeated run would be counted as one more seed (or reference)
+    with zero spread."""
+    repeated = sorted({repr(v) for v in values if list(values).count(v) > 1})
+    if repeated:
+        raise InvalidParameterError(f"{name} lists {', '.join(repeated)} more than once; give each once")
+
+
 def plan_runs(methods: Sequence[str], seeds: Sequence[int],
               method_hparams: Mapping[str, Any] | None = None) -> list[str]:
     seeds, method_hparams = from_struct(list(seeds)), from_struct(dict(method_hparams or {}))
@@ -87,6 +93,7 @@ def plan_references(tasks: Sequence[str], seeds: Sequence[int]) -> list[str]:
         raise InvalidParameterError("the benchmark has no tasks to train references for")
     if not seeds:
         raise InvalidParameterError("reference_seeds is empty; Δm% needs at least one single-task run per task")
+    refuse_repeats("reference_seeds", seeds)
     return [json.dumps({"method": "ls", "seed": int(s), "hparams": {}, "tasks": [t], "reference": True},
                        sort_keys=True) for t in tasks for s in seeds]
 
@@ -225,6 +232,7 @@ class SweepConfig(PipelineConfig):
         validate_sweep(self.methods, self.seeds, self.method_hparams, self.epochs, n_tasks=len(bench.task_names))
         if not self.reference_seeds:
             raise InvalidParameterError("reference_seeds is empty; Δm% needs at least one single-task run per task")
+        refuse_repeats("reference_seeds", self.reference_seeds)
         for seed in self.reference_seeds:
             check_seed(seed, "every reference seed")
         for method in self.methods:

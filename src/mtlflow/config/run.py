@@ -127,6 +127,11 @@ class RunConfig(ConfigModel):
         """A validated config from a benchmark's recipe (``Benchmark.train_defaults``, with a method's own
         recipe on it under ``per_method``), overridden by the non-None ``overrides``."""
         names = set(cls.field_names())
+        unknown = sorted(set(bench_defaults) - names - {"per_method"})
+        if unknown:  # a misspelt option in a spec's train: section would otherwise be dropped without a word
+            raise InvalidParameterError(f"training default(s) {', '.join(unknown)} (the spec's train: section or the "
+                                        "benchmark's recipe) are not `mtlflow train` options; fix the names (see "
+                                        "`mtlflow config schema`)")
         values = {k: v for k, v in bench_defaults.items() if k in names}
         # a method's own recipe on this benchmark (e.g. LDC-MTL's Table 5 step sizes), still below the user's
         values.update(bench_defaults.get("per_method", {}).get(overrides.get("method"), {}))

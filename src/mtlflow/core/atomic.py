@@ -196,6 +196,30 @@ def read_yaml(path: str | os.PathLike, what: str = "YAML file") -> Any:
     return parse_yaml(text, str(path), what)
 
 
+def _unique_keys_loader() -> type:
+    """PyYAML's SafeLoader refusing a mapping that names a key twice: plain ``safe_load`` keeps the last value
+    without a word, so ``epochs: 5`` above ``epochs: 50`` silently loses one of them."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, int] = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: merged keys may be overridden
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    if isinstance(key, (str, int, float, bool)) and key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"key {key!r} appears twice in one mapping (first at line {seen[key]}); "
+                                        "keep one of them", key_node.start_mark)
+                    if isinstance(key, (str, int, float, bool)):
+                        seen[key] = key_node.start_mark.line + 1
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 def parse_yaml(text: str, name: str, what: str = "YAML file") -> Any:
     """The YAML document ``text`` (read from ``name``); a syntax error is one line ``NAME:LINE:COL: message``."""
     import yaml
@@ -203,7 +227,7 @@ def parse_yaml(text: str, name: str, what: str = "YAML file") -> Any:
     from mtlflow.core.errors import InvalidParameterError
 
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_unique_keys_loader())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark is not None else name

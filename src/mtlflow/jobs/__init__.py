@@ -20,7 +20,7 @@ from mtlflow.core.errors import DataError, InvalidParameterError
 from mtlflow.engine.rundir import check_run_consistent, load_model, read_run, run_label
 from mtlflow.engine.trainer import Trainer, check_finite_evaluation
 from mtlflow.jobs.cache import cache_path, cached_data
-from mtlflow.jobs.data import check_expected_hash, load_prepared, prepare, source_paths
+from mtlflow.jobs.data import check_expected_hash, load_prepared, manifest_benchmark, prepare, source_paths
 
 #: The jobs' API (prepare and load_prepared live in :mod:`mtlflow.jobs.data`, read_run and run_label in
 #: :mod:`mtlflow.engine.rundir`; they are part of it).
@@ -56,8 +56,7 @@ def plan_train(data_dir: str | Path | None = None, benchmark: str | None = None,
     data's manifest, or by name with its preparation options), the tasks, the method's hyper-parameters
     (the benchmark's defaults under the user's), the run configuration and whether COST fits the model."""
     if data_dir is not None:
-        manifest = read_manifest(data_dir)
-        bench = benchmarks.build(manifest["benchmark"], **manifest.get("config", {}))
+        bench = manifest_benchmark(data_dir, read_manifest(data_dir))
     elif benchmark is not None:
         bench = benchmarks.build(benchmark, **dict(data_options or {}))
     else:

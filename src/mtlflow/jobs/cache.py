@@ -17,7 +17,7 @@ from mtlflow.benchmarks.base import Benchmark, BenchmarkData, read_manifest
 from mtlflow.core.errors import DataError
 from mtlflow.core.outputs import check_output_dir
 from mtlflow.engine.distributed import file_lock
-from mtlflow.jobs.data import load_prepared, prepare
+from mtlflow.jobs.data import load_prepared, prepare, prepare_benchmark
 
 
 def default_cache_dir() -> Path:
@@ -53,5 +53,5 @@ def cached_data(bench: Benchmark) -> tuple[Path, BenchmarkData]:
             return path, bench.load(path)
         except DataError:
             print(f"preparing {bench.name} data into {path}", file=sys.stderr)
-            prepare(bench.name, path, overwrite=True, **bench.config)
+            prepare_benchmark(bench, path, overwrite=True)  # this very object: its errors keep the spec's FILE:LINE
     return path, bench.load(path)

@@ -16,11 +16,22 @@ def prepare(benchmark: str, out_dir: str | Path, overwrite: bool = False, **conf
     An existing prepared dataset in ``out_dir`` is replaced only with ``overwrite``; any other
     non-empty directory is refused (see :func:`mtlflow.core.outputs.dataset_dir_guard`).
     """
-    from mtlflow.core.outputs import check_output_dir, dataset_dir_guard
+    from mtlflow.core.outputs import check_output_dir
 
     check_output_dir(out_dir, "--out")
-    bench = benchmarks.build(benchmark, **config)
-    check_output_dir(out_dir, "--out", inputs=source_paths(bench, config))
+    return prepare_benchmark(benchmarks.build(benchmark, **config), out_dir, overwrite, config)
+
+
+def prepare_benchmark(bench: Benchmark, out_dir: str | Path, overwrite: bool = False,
+                      config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """:func:`prepare` of a built benchmark (``config``: the options it was built from, naming its input files):
+    a spec benchmark keeps the spec file's name and lines for its errors, which a rebuild from
+    ``bench.config`` (the spec as a mapping) would lose."""
+    from mtlflow.config.run import RunConfig
+    from mtlflow.core.outputs import check_output_dir, dataset_dir_guard
+
+    check_output_dir(out_dir, "--out", inputs=source_paths(bench, config if config is not None else bench.config))
+    RunConfig.for_benchmark(bench.train_defaults)  # a spec's train: section, refused here rather than at train
     with dataset_dir_guard(out_dir, overwrite=overwrite):
         return bench.prepare(out_dir)
 
@@ -50,9 +61,22 @@ def check_expected_hash(data_dir: str | Path, manifest: Mapping[str, Any], expec
                         f"{expected_hash[:12]}; use the data version the run was configured with")
 
 
+def manifest_benchmark(data_dir: str | Path, manifest: Mapping[str, Any]) -> Benchmark:
+    """The benchmark a prepared data directory's manifest names; a name no installed benchmark has is a
+    DataError naming the manifest (the data was prepared by a plug-in that is not installed here, or edited)."""
+    from mtlflow.core.errors import UnknownNameError
+    from mtlflow.core.hashing import MANIFEST_NAME
+
+    try:
+        return benchmarks.build(manifest["benchmark"], **manifest.get("config", {}))
+    except UnknownNameError as exc:
+        raise DataError(f"{Path(data_dir) / MANIFEST_NAME} names benchmark {manifest['benchmark']!r}, which is not "
+                        f"installed here ({exc}); install its plug-in or prepare the data again") from None
+
+
 def load_prepared(data_dir: str | Path, verify: bool = True, expected_hash: str | None = None):
     """Benchmark object and loaded splits of a prepared data directory."""
     manifest = read_manifest(data_dir)
     check_expected_hash(data_dir, manifest, expected_hash)
-    bench = benchmarks.build(manifest["benchmark"], **manifest.get("config", {}))
+    bench = manifest_benchmark(data_dir, manifest)
     return bench, bench.load(data_dir, verify=verify)

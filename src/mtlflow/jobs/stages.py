@@ -38,7 +38,7 @@ from mtlflow import jobs
 from mtlflow import methods as method_registry
 from mtlflow.config.pipeline import SweepConfig, canonical_hparams, reference_options
 from mtlflow.core import atomic
-from mtlflow.core.errors import InvalidParameterError
+from mtlflow.core.errors import DataError, InvalidParameterError
 from mtlflow.ops import dvc as dvc_io
 
 LOCK = Path("dvc.lock")
@@ -284,10 +284,23 @@ def pareto_points(params: DvcParams, summary: dict[str, Any]) -> list[dict[str, 
             for method, row in sorted(rows_by_method(params, summary).items())]
 
 
+def _check_references(params: DvcParams) -> None:
+    """Refuse to start an experiment whose single-task references are missing or unfinished (DataError, exit 3)."""
+    from mtlflow.engine.rundir import read_run
+
+    missing = [str(d) for d in _reference_dirs(params) if not (d / "run.json").is_file()]
+    if missing:
+        raise DataError(f"the single-task references {', '.join(missing)} are missing; train them first: "
+                        "dvc repro reference (or mtlflow stage reference --task TASK --seed SEED)")
+    for run_dir in _reference_dirs(params):
+        read_run(run_dir)
+
+
 def stage_experiment(params: DvcParams) -> None:
     """The research loop: train ``dvc.experiment_method`` (one run per seed of ``seeds``) and score it against
     the single-task references; ``dvc exp run -S dvc.experiment_method=X`` compares methods as experiments."""
     method = params.experiment_method
+    _check_references(params)  # before any training: the score needs them
     runs = []
     for seed in params.sweep.seeds:
         out = EXPERIMENTS / run_name(method, seed)

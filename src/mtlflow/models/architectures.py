@@ -50,7 +50,11 @@ def _model_factory(obj: Any, name: str) -> ModelFactory:
     except (TypeError, ValueError):  # not callable, or a builtin without a signature
         parameters = []
     variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    if len(parameters) < 2 or any(p.default is p.empty for p in parameters[2:] if p.kind not in variadic):
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    # bench and task_names are two named positional parameters: os.path.join(a, *p) takes two arguments too,
+    # but is no model factory
+    if len(parameters) < 2 or any(p.kind not in positional for p in parameters[:2]) \
+            or any(p.default is p.empty for p in parameters[2:] if p.kind not in variadic):
         raise InvalidParameterError(f"architecture {name} is {described(obj)}, not a model factory "
                                     "factory(bench, task_names, **options) -> MultiTaskModel with a default "
                                     "for every option")

@@ -30,7 +30,7 @@ from typing import Any, Iterator
 import yaml
 
 from mtlflow.config.data import check_dir_hash
-from mtlflow.core.errors import DataError
+from mtlflow.core.errors import DataError, InvalidParameterError
 
 #: Environment variable naming the remote when no explicit URL is given (set from the Secret on the cluster).
 REMOTE_ENV = "MTLFLOW_DVC_REMOTE"
@@ -219,7 +219,8 @@ def pull_dataset(dvc_hash: str, remote_url: str, out_dir: str | os.PathLike,
     check_dir_hash(dvc_hash)
     out_dir = check_output_dir(out_dir, "--out").resolve()
     if out_dir.exists() and any(out_dir.iterdir()):
-        raise DataError(f"{out_dir} is not empty; pull a data version into a new directory")
+        # an unusable output path, like every other --out (exit 2, docs/guides/cli.md), not missing data
+        raise InvalidParameterError(f"{out_dir} is not empty; pull a data version into a new directory")
     with _workspace(remote_url, cache_dir, parent=out_dir.parent) as (repo, root):
         (root / "data.dvc").write_text(yaml.safe_dump({"outs": [{"md5": dvc_hash, "hash": "md5", "path": "data"}]}))
         try:

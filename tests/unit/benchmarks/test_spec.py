@@ -213,10 +213,42 @@ def test_parquet_and_csv_give_the_same_prepared_arrays(tmp_path: Path) -> None:
         np.testing.assert_array_equal(np.load(tmp_path / "c" / "data" / name), np.load(tmp_path / "p" / "data" / name))
 
 
+def test_na_strings_are_missing_in_parquet_as_in_csv(tmp_path: Path) -> None:
+    """pandas writes "NA" text cells to Parquet as text; pyarrow's CSV reader reads them as missing. Both
+    files must prepare to the same arrays and label counts (a feature with "NA" cells is numeric either way,
+    a label's "NA" is no class)."""
+    data = frame()
+    data["age"] = data["age"].astype(str)
+    data.loc[[3, 17], "age"] = "NA"
+    data["churned"] = data["churned"].astype(object)
+    data.loc[[5, 8], "churned"] = "NA"
+    data["spend"] = data["spend"].astype(str)
+    data.loc[9, "spend"] = "null"
+    spec = {"tasks": TASKS, "features": {"numeric": ["age"], "categorical": ["plan"]}}
+    (tmp_path / "c").mkdir()
+    (tmp_path / "p").mkdir()
+    prepared(tmp_path / "c", spec, data)
+    prepared(tmp_path / "p", spec, data, table="table.parquet")
+    for name in ("features.npy", "split.npy"):
+        np.testing.assert_array_equal(np.load(tmp_path / "c" / "data" / name), np.load(tmp_path / "p" / "data" / name))
+    with np.load(tmp_path / "c" / "data" / "labels.npz") as csv_labels, \
+            np.load(tmp_path / "p" / "data" / "labels.npz") as parquet_labels:
+        for key in csv_labels:
+            np.testing.assert_array_equal(csv_labels[key], parquet_labels[key])
+        assert np.isnan(parquet_labels["task0"][[5, 8]]).all() and np.isnan(parquet_labels["task1"][9])
+    counts = [json.loads((tmp_path / d / "data" / "manifest.json").read_text())["label_counts"] for d in ("c", "p")]
+    assert counts[0] == counts[1]
+    assert sum(counts[1]["churned"].values()) == 58
+
+
 @pytest.mark.parametrize("change, spec, expected", [
     (None, {"tasks": [{"name": "churn", "type": "binary"}]}, "tasks[0].name: column 'churn' is not in the table"),
     (None, {"tasks": [{"name": "plan", "type": "regression"}]}, "regression target 'plan' is not numeric (e.g. "),
     ("one_class", {"tasks": [{"name": "churned", "type": "binary"}]}, "class column 'churned' holds a single class"),
+    ("no_class", {"tasks": [{"name": "churned", "type": "binary"}]},
+     "tasks[0].name: class column 'churned' has no labels: every cell is empty"),
+    ("no_class", {"tasks": [{"name": "churned", "type": "multiclass"}]},
+     "tasks[0].name: class column 'churned' has no labels: every cell is empty"),
     (None, {"tasks": [{"name": "species", "type": "binary"}]}, "binary column 'species' has 3 values"),
     (None, {"tasks": TASKS, "features": {"numeric": ["plan"]}}, "features.numeric[0]: feature 'plan' is not numeric"),
     (None, {"tasks": TASKS, "split": {"column": "plan"}}, "split column 'plan' holds ['basic', 'pro'], not only"),
@@ -227,6 +259,8 @@ def test_data_errors_name_the_key_path(tmp_path: Path, change: str | None, spec:
     data = frame()
     if change == "one_class":
         data["churned"] = "yes"
+    if change == "no_class":
+        data["churned"] = None
     if change == "tiny":
         data = data.head(4)
     with pytest.raises(SpecError) as caught:

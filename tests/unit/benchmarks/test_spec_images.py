@@ -147,18 +147,18 @@ def test_resnet_trunks_start_from_the_weights_file_and_have_one_head_per_task(tm
     ("resnet50", "r18.pt", "model.weights: ResNet-50 weights {w} do not fit torchvision resnet50 ("),
     ("resnet18", "junk.pt", "model.weights: ResNet-18 weights {w} cannot be read as a state_dict ("),
 ])
-def test_a_missing_or_mismatched_weights_file_is_one_line(tmp_path: Path, trunk: str, weights: str,
-                                                          expected: str) -> None:
+def test_a_missing_or_mismatched_weights_file_is_one_line_at_prepare(tmp_path: Path, trunk: str, weights: str,
+                                                                     expected: str) -> None:
+    """The weights file is checked when the data is prepared, not only when `train` builds the model."""
     from torchvision.models import resnet18
 
     digit_folder(tmp_path, 30)
     torch.save(resnet18().state_dict(), tmp_path / "r18.pt")
     (tmp_path / "junk.pt").write_bytes(b"not torch")
     bench = benchmarks.build("spec", spec=str(image_spec(tmp_path, model={"trunk": trunk, "weights": weights})))
-    bench.prepare(tmp_path / "data")
-    bench.load(tmp_path / "data")
     with pytest.raises(SpecError) as caught:
-        bench.make_model()
+        bench.prepare(tmp_path / "data")
+    assert not (tmp_path / "data").exists()
     message = str(caught.value)
     assert message.startswith(str(tmp_path / "spec.yaml")) and "\n" not in message
     assert expected.format(w=tmp_path / weights) in message and "give a torchvision" in message, message
@@ -200,13 +200,17 @@ def test_image_source_errors_write_nothing(tmp_path: Path, case: str, expected: 
 
 
 def test_a_training_whose_model_cannot_be_built_leaves_no_run_directory(tmp_path: Path, capsys) -> None:
-    """The weights file is checked when the model is built, after the run directory was locked: the
-    failed command must still leave nothing behind (no directory, no lock file)."""
+    """The weights file is checked again when the model is built, after the run directory was locked (here it
+    went away after prepare): the failed command must still leave nothing behind (no directory, no lock file)."""
+    from torchvision.models import resnet18
+
     from mtlflow.cli import main
 
     digit_folder(tmp_path, 30)
+    torch.save(resnet18().state_dict(), tmp_path / "nothere.pt")
     spec = image_spec(tmp_path, model={"trunk": "resnet18", "weights": "nothere.pt"})
     assert main(["prepare", "--spec", str(spec), "--out", str(tmp_path / "data")]) == 0
+    (tmp_path / "nothere.pt").unlink()
     out = tmp_path / "runs" / "ls"
     code = main(["train", "--data", str(tmp_path / "data"), "--method", "ls", "--epochs", "1", "--out", str(out),
                  "--no-progress"])

@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from mtlflow.benchmarks._spec.schema import DataSpec, SpecError
-from mtlflow.benchmarks._spec.tables import SPLITS, as_strings, is_numeric
+from mtlflow.benchmarks._spec.schema import SpecError, parse_spec
+from mtlflow.benchmarks._spec.tables import SPLITS, as_strings, first_non_number, is_numeric, number_share
 
 #: text columns with more distinct values than this are left out (ids, free text), not one-hot encoded
 MAX_CATEGORIES = 50
@@ -23,6 +23,9 @@ MAX_CATEGORIES = 50
 MAX_CLASSES = 20
 #: file name endings that make a text column the images of an image table (what PIL reads)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+#: a text column at least this share of whose cells read as numbers is a numeric column with bad cells: left out
+#: with a note naming the first bad cell (not one-hot encoded as categories)
+MIN_NUMBER_SHARE = 0.5
 #: how many image paths are looked up to find their folder and count the missing ones
 IMAGES_CHECKED = 1000
 
@@ -43,16 +46,24 @@ def infer_spec(table_path: str | Path, tasks: Sequence[str], spec_path: str | Pa
         shown = ", ".join(table.column_names[:20])
         raise SpecError(f"--tasks {', '.join(missing) or '(none)'}: not columns of {path} (columns: {shown}); name "
                         "the label columns, comma-separated")
-    entries, notes = [], []
+    repeated = sorted({t for t in tasks if list(tasks).count(t) > 1})
+    if repeated:
+        raise SpecError(f"--tasks names {', '.join(repeated)} more than once; name each label column once")
+    entries, notes, names = [], [], set()
     for column_name in tasks:
         kind, why = _kind(table.column(column_name))
-        entries.append({"name": column_name, "type": kind})
-        notes.append(f"#   {column_name}: {kind} ({why})")
+        name = _task_name(column_name, names)
+        names.add(name)
+        # a column whose name is no valid task name (spaces, non-ASCII letters) keeps it as the task's column
+        entries.append({"name": name, "type": kind} if name == column_name else
+                       {"name": name, "column": column_name, "type": kind})
+        notes.append(f"#   {name}: {kind} ({why})" if name == column_name else
+                     f"#   {name} (column {column_name}): {kind} ({why})")
     split_column = "split" if "split" in table.column_names and _is_split(table.column("split")) else None
     smiles = next((c for c in table.column_names if c.lower() == "smiles" and c not in tasks), None)
     image_column = None if smiles else _image_column(table, tasks)
     used = set(tasks) | {split_column}
-    numeric, categorical, left_out = [], [], []
+    numeric, categorical, left_out, unclean = [], [], [], []
     for column_name in table.column_names:
         # a molecule table's input is its SMILES column, an image table's its images
         if column_name in used or smiles is not None or image_column is not None:
@@ -60,6 +71,10 @@ def infer_spec(table_path: str | Path, tasks: Sequence[str], spec_path: str | Pa
         values = table.column(column_name)
         if is_numeric(values):
             numeric.append(column_name)
+        elif number_share(values) >= MIN_NUMBER_SHARE:
+            # a numeric column with a few bad cells: neither a feature as it stands nor categories
+            row, cell = first_non_number(values) or (0, "")
+            unclean.append(f"{column_name} (data row {row + 1} holds {cell!r})")
         elif len({v for v in as_strings(values) if v is not None}) <= MAX_CATEGORIES:
             categorical.append(column_name)
         else:
@@ -83,7 +98,7 @@ def infer_spec(table_path: str | Path, tasks: Sequence[str], spec_path: str | Pa
     }
     if not smiles and image_column is None:
         spec["features"] = {"numeric": numeric, "categorical": categorical}
-    DataSpec.model_validate(spec)  # what is written must be valid
+    parse_spec(spec)  # what is written must be valid (a SpecError, not a trace, if it is not)
     header = ["# mtlflow task spec written by `mtlflow spec init`; check the guesses below, then run",
               f"#   mtlflow pipeline run --local --param spec={spec_path}  (docs: guides/your-data)",
               "# task kinds, read off the label columns:", *notes]
@@ -93,11 +108,14 @@ def infer_spec(table_path: str | Path, tasks: Sequence[str], spec_path: str | Pa
         header.append(image_note)
     if left_out:
         header.append(f"# left out (more than {MAX_CATEGORIES} distinct text values, e.g. ids): {', '.join(left_out)}")
+    if unclean:
+        header.append(f"# left out (numbers with cells that are not; clean the cells and list the column under "
+                      f"features.numeric): {', '.join(unclean)}")
     return "\n".join(header) + "\n" + yaml.safe_dump(spec, sort_keys=False)
 
 
 def _read(path: Path) -> Any:
-    from mtlflow.benchmarks._spec.schema import Source, parse_spec
+    from mtlflow.benchmarks._spec.schema import Source
     from mtlflow.benchmarks._spec.tables import read_source
 
     if not path.is_file():
@@ -121,6 +139,18 @@ def _kind(values: Any) -> tuple[str, str]:
 
 def _is_split(values: Any) -> bool:
     return {v for v in as_strings(values) if v is not None} <= set(SPLITS)
+
+
+def _task_name(column_name: str, taken: set[str]) -> str:
+    """``column_name`` when it is a valid task name, else it with every other character made ``_`` (and a
+    numbered suffix when that name is taken)."""
+    name = "".join(c if (c.isascii() and c.isalnum()) or c in "_.-" else "_" for c in column_name)
+    if not name[:1].isalnum():
+        name = "task" + name
+    unique, number = name, 2
+    while unique in taken:
+        unique, number = f"{name}_{number}", number + 1
+    return unique
 
 
 def _name_of(path: Path) -> str:

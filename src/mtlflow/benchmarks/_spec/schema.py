@@ -22,6 +22,10 @@ from mtlflow.metrics.task_types import TASK_TYPES
 KeyPath = tuple[str | int, ...]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+#: the widest hidden layer of a spec's model, and the most weights between its hidden layers (4 GB in float32):
+#: sizes are checked before anything is allocated (a width of 1e12 would ask the allocator for terabytes)
+MAX_HIDDEN_WIDTH = 65536
+MAX_HIDDEN_WEIGHTS = 10**9
 
 
 class SpecError(InvalidParameterError):
@@ -232,6 +236,12 @@ class ModelSpec(_Strict):
     def _positive(cls, value: list[int]) -> list[int]:
         if any(w <= 0 for w in value):
             raise ValueError("hidden widths must be positive integers")
+        if max(value) > MAX_HIDDEN_WIDTH:
+            raise ValueError(f"hidden width {max(value)} is above the largest, {MAX_HIDDEN_WIDTH}; give smaller widths")
+        weights = sum(a * b for a, b in zip(value, value[1:]))
+        if weights > MAX_HIDDEN_WEIGHTS:
+            raise ValueError(f"hidden widths {value} make {weights:.3g} weights between the hidden layers, above the "
+                             f"budget of {MAX_HIDDEN_WEIGHTS:.0e}; give fewer or narrower layers")
         return value
 
     @model_validator(mode="after")
