@@ -721,7 +721,7 @@ def test_cagrad_uncertified_solve_raises(monkeypatch: pytest.MonkeyPatch) -> Non
     import mtlflow.methods.cagrad as cagrad
 
     # a dual solver that stops at the start point: the duality-gap certificate must catch it
-    monkeypatch.setattr(cagrad, "slsqp_dual", lambda a, radius: np.full(a.shape[0], 1.0 / a.shape[0]))
+    monkeypatch.setattr(cagrad, "dual_weights", lambda a, radius: np.full(a.shape[0], 1.0 / a.shape[0]))
     j = jacobian(13, 3, 2) * torch.tensor([[1.0], [-1.0], [0.2]], dtype=torch.float64)
     with pytest.raises(SolverError) as error:
         direction("cagrad", j)
