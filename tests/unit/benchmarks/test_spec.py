@@ -202,8 +202,9 @@ def test_stratified_and_grouped_splits(tmp_path: Path) -> None:
         assert len(set(split[data["customer"].to_numpy() == customer])) == 1
 
 
-def test_parquet_and_csv_give_the_same_prepared_arrays(tmp_path: Path) -> None:
-    data = frame()
+def prepare_csv_and_parquet(tmp_path: Path, data: pd.DataFrame) -> None:
+    """``data`` prepared from a CSV (under ``c/``) and from a Parquet file (under ``p/``); their features and
+    splits must be equal."""
     spec = {"tasks": TASKS, "features": {"numeric": ["age"], "categorical": ["plan"]}}
     (tmp_path / "c").mkdir()
     (tmp_path / "p").mkdir()
@@ -211,6 +212,10 @@ def test_parquet_and_csv_give_the_same_prepared_arrays(tmp_path: Path) -> None:
     prepared(tmp_path / "p", spec, data, table="table.parquet")
     for name in ("features.npy", "split.npy"):
         np.testing.assert_array_equal(np.load(tmp_path / "c" / "data" / name), np.load(tmp_path / "p" / "data" / name))
+
+
+def test_parquet_and_csv_give_the_same_prepared_arrays(tmp_path: Path) -> None:
+    prepare_csv_and_parquet(tmp_path, frame())
 
 
 def test_na_strings_are_missing_in_parquet_as_in_csv(tmp_path: Path) -> None:
@@ -224,13 +229,7 @@ def test_na_strings_are_missing_in_parquet_as_in_csv(tmp_path: Path) -> None:
     data.loc[[5, 8], "churned"] = "NA"
     data["spend"] = data["spend"].astype(str)
     data.loc[9, "spend"] = "null"
-    spec = {"tasks": TASKS, "features": {"numeric": ["age"], "categorical": ["plan"]}}
-    (tmp_path / "c").mkdir()
-    (tmp_path / "p").mkdir()
-    prepared(tmp_path / "c", spec, data)
-    prepared(tmp_path / "p", spec, data, table="table.parquet")
-    for name in ("features.npy", "split.npy"):
-        np.testing.assert_array_equal(np.load(tmp_path / "c" / "data" / name), np.load(tmp_path / "p" / "data" / name))
+    prepare_csv_and_parquet(tmp_path, data)
     with np.load(tmp_path / "c" / "data" / "labels.npz") as csv_labels, \
             np.load(tmp_path / "p" / "data" / "labels.npz") as parquet_labels:
         for key in csv_labels:
