@@ -17,6 +17,7 @@ TINY_PARAMS = {
     "data_options": {"n_train": 300, "n_val": 100, "n_test": 100},
     "methods": ["ls", "fairgrad"],
     "seeds": [0],
+    "reference_seeds": [0],
     "epochs": 1,
     "train_options": {"batch_size": 100, "device": "auto"},
 }

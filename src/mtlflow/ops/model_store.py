@@ -4,7 +4,7 @@ Layout under the store root (a directory on the models PVC on the cluster, a loc
 
     <root>/<benchmark>/versions/<version>/   model.pt, run.json, metrics.json, evaluation.json, metadata.json
     <root>/<benchmark>/champion.json         the current champion: its version, score, test metrics, decision
-    <root>/<benchmark>/decisions/<stamp>-<method>.json   every gate decision, promoted or not
+    <root>/<benchmark>/decisions/<stamp>-<method>-<data>-<id>.json   every gate decision, promoted or not
 
 A model's score is the mean over tasks of its primary metric's *error* on the test split (``1 - accuracy``
 for bounded higher-is-better metrics; see :func:`mtlflow.metrics.task.metric_error`), the same per-task
@@ -27,6 +27,7 @@ import os
 import shutil
 import statistics
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -74,9 +75,13 @@ def read_champion(root: str | os.PathLike, benchmark: str) -> dict[str, Any] | N
 
 def record_decision(root: str | os.PathLike, decision: Mapping[str, Any]) -> Path:
     """Keep a gate decision (:func:`mtlflow.jobs.champion.decide`) under ``decisions/``; returns its path."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(decision["decided_unix"]))
+    decided = float(decision["decided_unix"])
+    # microseconds and a random suffix: two gates deciding in the same second (retrains of several seeds) must
+    # not replace each other's record; the names still sort by time
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(decided)) + f".{int(decided % 1 * 1e6):06d}Z"
     directory = benchmark_dir(root, decision["benchmark"]) / "decisions"
-    path = directory / f"{stamp}-{decision['candidate']['method']}-{decision['data_hash'][:12]}.json"
+    path = directory / (f"{stamp}-{decision['candidate']['method']}-{decision['data_hash'][:12]}-"
+                        f"{uuid.uuid4().hex[:8]}.json")
     atomic.write_json(path, dict(decision))
     return path
 
