@@ -25,7 +25,8 @@ from conftest import churn_csv, first_page_commands, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the smallest sweep that still runs every stage: one method, one epoch, a few hundred digits
-TINY = ["-S", "epochs=1", "-S", "methods=[fairgrad]", "-S", "seeds=[0]", "-S", "reference_seeds=[0]",
+TINY = ["-S", "epochs=1", "-S", "train_options.min_steps=1", "-S", "methods=[fairgrad]", "-S", "seeds=[0]",
+        "-S", "reference_seeds=[0]",
         "-S", "data_options.n_train=128", "-S", "data_options.n_val=64", "-S", "data_options.n_test=64"]
 TRAIN_STAGES = {"train@fairgrad-0", "reference@left-0", "reference@right-0", "experiment"}
 
@@ -185,8 +186,8 @@ def test_the_first_page_spec_runs_unchanged_in_dvc_repro_and_a_new_table_version
     assert proc.returncode == 0, proc.stderr
     _dvc(repo, "add", "-q", "churn.csv")
     params = yaml.safe_load((repo / "params.yaml").read_text())
-    params.update(spec="churn.yaml", data_options={}, methods=["ls"], epochs=1, method_hparams={"ls": {}},
-                  train_options={"batch_size": 100})
+    params.update(spec="churn.yaml", data_options={}, methods=["ls"], seeds=[0], reference_seeds=[0], epochs=1,
+                  method_hparams={"ls": {}}, train_options={"batch_size": 100})
     params["dvc"] = {"reference_tasks": ["churned", "spend", "plan"], "experiment_method": "ls"}
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     _run(["git", "add", "churn.csv.dvc", ".gitignore", "churn.yaml", "params.yaml"], repo)

@@ -261,7 +261,8 @@ def test_linnerud_a_regression_table_that_scikit_learn_ships_trains_two_methods_
     schema = json.loads((tmp_path / "data" / "schema.json").read_text())
     train = linnerud[np.load(tmp_path / "data" / "split.npy") == 0]  # features and targets: training statistics
     assert schema["features"]["numeric"] == [{"name": c, "mean": pytest.approx(train[c].mean()),
-                                              "std": pytest.approx(train[c].std(ddof=0))}
+                                              "std": pytest.approx(train[c].std(ddof=0)),
+                                              "missing": int(linnerud[c].isna().sum())}
                                              for c in ("Chins", "Situps", "Jumps")]
     assert schema["target_statistics"]["Pulse"] == {"mean": pytest.approx(train["Pulse"].mean()),
                                                     "std": pytest.approx(train["Pulse"].std(ddof=0))}

@@ -135,7 +135,14 @@ class RunConfig(ConfigModel):
         values = {k: v for k, v in bench_defaults.items() if k in names}
         # a method's own recipe on this benchmark (e.g. LDC-MTL's Table 5 step sizes), still below the user's
         values.update(bench_defaults.get("per_method", {}).get(overrides.get("method"), {}))
-        values.update({k: v for k, v in overrides.items() if v is not None or k not in names})
+        given = {k: v for k, v in overrides.items() if v is not None or k not in names}
+        # the user's own epochs or batch size win over the recipe's budget rule that would change them: a default
+        # min_steps raising `--epochs 2` to 167 epochs (or min_steps_per_epoch shrinking `--batch-size`) would
+        # override what was asked for; both rules still apply when the user (or the sweep) gives them too
+        for asked, rule in (("epochs", "min_steps"), ("batch_size", "min_steps_per_epoch")):
+            if asked in given and rule not in given:
+                values.pop(rule, None)
+        values.update(given)
         return cls.from_mapping(values)
 
     @property

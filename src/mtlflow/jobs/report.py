@@ -250,7 +250,7 @@ def _front_axes(ax, summary: Mapping[str, Any], colours: Mapping[str, str], i: i
 
 def pareto_plot(summary: Mapping[str, Any]) -> bytes:
     """The comparison figure. Two tasks: the per-task errors, one cross per method spanning its 95 %
-    intervals. Three or more: a heat map of the per-task Δ% against the single-task references (the error
+    intervals. One, three or more: a heat map of the per-task Δ% against the single-task references (the error
     relative to each task's hypervolume reference without references), and the pairwise fronts."""
     plt = _pyplot()
     tasks = summary["tasks"]
@@ -271,8 +271,8 @@ def pareto_plot(summary: Mapping[str, Any]) -> bytes:
                      fontsize=9)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     else:
-        pairs = list(itertools.combinations(range(len(tasks)), 2))
-        columns = min(3, len(pairs))
+        pairs = list(itertools.combinations(range(len(tasks)), 2))  # none for a single task: the heat map alone
+        columns = max(1, min(3, len(pairs)))
         grid_rows = 1 + -(-len(pairs) // columns)
         fig = plt.figure(figsize=(4.2 * columns, 3.6 * grid_rows + 0.35 * len(labels)))
         spec = fig.add_gridspec(grid_rows, columns)
