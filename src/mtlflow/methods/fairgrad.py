@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.hparams import HParam, positive
-from mtlflow.methods._numerics import gramian_array
+from mtlflow.methods._numerics import gramian_array, one_blas_thread
 from mtlflow.methods.base import GramianWeighting
 from mtlflow.methods.solvers import (
     FAIRGRAD_NEAR_STATIONARITY_TOL,
@@ -66,6 +66,7 @@ class FairGrad(GramianWeighting):
         #: (count, largest margin) of this epoch's near-stationary steps, for the epoch's log line
         self._epoch_near: tuple[int, float] = (0, 0.0)
 
+    @one_blas_thread
     def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:
         m = gramian_array(gramian, self.name)
         self.last_residual = None

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.hparams import HParam, unit_interval
-from mtlflow.methods._numerics import cpu_float64
+from mtlflow.methods._numerics import cpu_float64, one_blas_thread
 from mtlflow.methods._support import gramian_numpy
 from mtlflow.methods.base import GramianWeighting
 
@@ -74,6 +74,7 @@ class GradVac(GramianWeighting):
         super().__init__(n_tasks, **hparams)
         self.targets = np.zeros((n_tasks, n_tasks))
 
+    @one_blas_thread
     def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:
         orders = self.rng.visiting_orders(self.n_tasks)
         coef, self.targets = gradvac_coefficients(gramian_numpy(gramian, self.name), self.targets, orders, self.hp["beta"])

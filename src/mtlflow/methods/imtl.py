@@ -24,7 +24,6 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.callbacks import TrainerView
-from mtlflow.methods import _numerics
 from mtlflow.methods._numerics import gramian_float64
 from mtlflow.methods._support import (
     gramian_numpy,
@@ -35,22 +34,6 @@ from mtlflow.methods._support import (
 )
 from mtlflow.methods.base import GradientMethod, StepContext
 from mtlflow.methods.imtlg import imtlg_weights
-
-
-def scaled_gramian(grads: Tensor, scales: Tensor) -> Tensor:
-    """The float64 Gramian of the rows e^{s_i} g_i (``scales`` = e^{s}), formed by :func:`gramian_float64` on
-    column blocks of the scaled Jacobian written into one buffer: the blocks are the ones it takes itself
-    (G is the sum of the blocks' Gramians, each accurate relative to how much the *scaled* gradients differ),
-    without a [K, P] copy of the scaled Jacobian (which made IMTL's update a sixth of the step at K = 40,
-    issue 29)."""
-    k, p = grads.shape
-    columns = max(1, min(p, _numerics.GRAMIAN_BLOCK // (k + 1)))
-    buffer = torch.empty(k, columns, dtype=grads.dtype, device=grads.device)
-    gramian = torch.zeros(k, k, dtype=torch.float64, device=grads.device)
-    for start in range(0, p, columns):
-        rows = grads[:, start:start + columns]
-        gramian += gramian_float64(torch.mul(rows, scales[:, None], out=buffer[:, :rows.shape[1]]))
-    return gramian
 
 
 class IMTL(GradientMethod):
@@ -79,8 +62,8 @@ class IMTL(GradientMethod):
 
     def combine(self, grads: Tensor, losses: Tensor) -> Tensor:
         scales = torch.exp(self.log_scales.detach().to(grads))
-        alpha = torch.from_numpy(imtlg_weights(gramian_numpy(scaled_gramian(grads.detach(), scales),
-                                                              self.name))).to(grads)
+        # the Gramian of the scaled rows e^{s_i} g_i (no scaled copy of the Jacobian)
+        alpha = torch.from_numpy(imtlg_weights(gramian_numpy(gramian_float64(grads, scales), self.name))).to(grads)
         self.last_weights = (alpha * scales).detach()
         scale_head_gradients(self.heads, scales)
         return (alpha * scales) @ grads   # Σ_i α_i (e^{s_i} g_i)

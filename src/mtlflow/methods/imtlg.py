@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.errors import SolverError
+from mtlflow.methods._numerics import one_blas_thread
 from mtlflow.methods._support import gramian_numpy
 from mtlflow.methods.base import GramianWeighting
 
@@ -49,6 +50,7 @@ PROJECTION_TOL = 1e-6
 SUM_TOL = 1e-12
 
 
+@one_blas_thread
 def imtlg_weights(gramian: np.ndarray) -> np.ndarray:
     """α of IMTL-G from a symmetric PSD float64 Gramian (sums to 1 unless every gradient is zero)."""
     k = gramian.shape[0]

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.hparams import HParam, one_of, positive
+from mtlflow.methods._numerics import one_blas_thread
 from mtlflow.methods._support import gramian_numpy
 from mtlflow.methods.base import GramianWeighting
 from mtlflow.methods.solvers import min_norm_weights_frank_wolfe, min_norm_weights_qp
@@ -35,6 +36,7 @@ class MGDA(GramianWeighting):
         "tol": HParam(1e-5, "Frank-Wolfe stopping tolerance on the weight change", positive),
     }
 
+    @one_blas_thread
     def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:
         checked = torch.from_numpy(gramian_numpy(gramian, self.name))  # NaN/Inf refused naming the method
         if self.hp["solver"] == "qp":

@@ -65,7 +65,7 @@ from torch import Tensor
 from mtlflow.core.errors import SolverError
 from mtlflow.core.hparams import HParam, non_negative, positive
 from mtlflow.methods._cvx import EXP_CONE_SOLVERS, require_solver, solve_checked
-from mtlflow.methods._numerics import cpu_float64, gramian_array
+from mtlflow.methods._numerics import cpu_float64, gramian_array, one_blas_thread
 from mtlflow.methods.base import UPDATE_WEIGHTS_EVERY, GramianWeighting
 from mtlflow.methods.solvers import min_norm_weights_qp
 
@@ -178,6 +178,7 @@ class NashMTL(GramianWeighting):
         #: steps at which the gradients were Pareto-stationary (min-norm weights were used)
         self.stationary_steps = 0
 
+    @one_blas_thread
     def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:
         m = _gramian_array(gramian)
         tol = stationarity_tol(gramian.dtype)

@@ -49,7 +49,7 @@ from torch import Tensor
 
 from mtlflow.core.errors import SolverError
 from mtlflow.core.hparams import HParam, non_negative, one_of
-from mtlflow.methods._numerics import gramian_array, psd_factor
+from mtlflow.methods._numerics import gramian_array, one_blas_thread, psd_factor
 from mtlflow.methods.base import GramianWeighting
 
 
@@ -114,6 +114,7 @@ class UPGrad(GramianWeighting):
                           "default)", non_negative),
     }
 
+    @one_blas_thread
     def weights_from_gramian(self, gramian: Tensor, losses: Tensor) -> Tensor:
         m = gramian_array(gramian, self.name)
         if self.hp["solver"] == "nnls":

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 from hypothesis import settings
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
 
 from mtlflow import methods
 from mtlflow.methods.base import StepContext
@@ -119,3 +121,25 @@ def hide_module(monkeypatch, module: str) -> None:
 def hide_cvxpy(monkeypatch) -> None:
     """Make ``import cvxpy`` fail from now on in this test, as on a machine without it."""
     hide_module(monkeypatch, "cvxpy")
+
+
+#: the torch functions that multiply matrices or vectors (what TF32/bf16 precision settings affect)
+PRODUCTS = {"mm", "matmul", "__matmul__", "mv", "addmm", "addmv", "dot", "bmm"}
+
+
+class TensorWatch(TorchFunctionMode):
+    """Watches every torch operation inside ``with``: the largest float64 tensor taken or made
+    (``largest_float64``, in entries) and the float32 matmul precision each float32 product ran at
+    (``precisions``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest_float64, self.precisions = 0, set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = [x for x in tree_flatten((args, kwargs, out))[0] if isinstance(x, torch.Tensor)]
+        self.largest_float64 = max([self.largest_float64] + [x.numel() for x in tensors if x.dtype == torch.float64])
+        if getattr(func, "__name__", "") in PRODUCTS and any(x.dtype == torch.float32 for x in tensors):
+            self.precisions.add(torch.get_float32_matmul_precision())
+        return out

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from method_helpers import jacobian
+from method_helpers import TensorWatch, jacobian
 
 from mtlflow import jobs, methods
 from mtlflow.core.callbacks import Callback
@@ -96,39 +96,18 @@ def test_gramian_of_low_precision_near_duplicates_is_accurate_where_the_tasks_di
     np.testing.assert_allclose(repaired, g, rtol=1e-12)
 
 
-#: the torch functions that multiply matrices or vectors (what TF32/bf16 precision settings affect)
-PRODUCTS = {"mm", "matmul", "__matmul__", "mv", "addmm", "addmv", "dot", "bmm"}
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gramian_of_a_low_precision_jacobian_does_no_float64_work_on_it(dtype: torch.dtype, monkeypatch) -> None:
     """Issue 29: a float64 copy and product of J [K, P] made every gradient method's solver 4-10x slower.
     Every tensor operation inside the Gramian is watched: none takes or makes a float64 tensor larger than
     one block's row (the float64 m·m), and every float32 matrix product runs at full float32 precision even
     when the caller allowed TF32/bf16 passes."""
-    from torch.overrides import TorchFunctionMode
-    from torch.utils._pytree import tree_flatten
-
     from mtlflow.methods import _numerics
-
-    class Watch(TorchFunctionMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.largest_float64, self.precisions = 0, set()
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            tensors = [x for x in tree_flatten((args, kwargs, out))[0] if isinstance(x, torch.Tensor)]
-            self.largest_float64 = max([self.largest_float64] + [x.numel() for x in tensors
-                                                                 if x.dtype == torch.float64])
-            if getattr(func, "__name__", "") in PRODUCTS and any(x.dtype == torch.float32 for x in tensors):
-                self.precisions.add(torch.get_float32_matmul_precision())
-            return out
 
     k, p, columns = 6, 20_000, 1000
     monkeypatch.setattr(_numerics, "GRAMIAN_BLOCK", (k + 1) * columns)
     j = near_duplicates(0, k, p, 1e-3, dtype)
-    watch, previous = Watch(), torch.get_float32_matmul_precision()
+    watch, previous = TensorWatch(), torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("medium")
     try:
         with watch:
