@@ -114,6 +114,14 @@ def gpu_training(task: dsl.PipelineTask, layout: StorageLayout) -> dsl.PipelineT
     return mount(gpu_node(task), layout, "mtlflow-checkpoints")
 
 
+def cpu_training(task: dsl.PipelineTask, layout: StorageLayout) -> dsl.PipelineTask:
+    """A training task without an accelerator (a claim reproduced on ``cpu``): the profile's train CPU/memory,
+    retries with back-off, a timeout and the checkpoints PVC it resumes from."""
+    _pod_settings(task, "train").set_retry(**TRAIN_RETRIES)
+    kubernetes.set_timeout(task, seconds=TRAIN_TIMEOUT_SECONDS)
+    return mount(task, layout, "mtlflow-checkpoints")
+
+
 #: what a launcher may take beyond its TrainJob's deadline (staging the data, copying the run directory)
 LAUNCHER_GRACE_SECONDS = 1800
 

@@ -173,6 +173,36 @@ def task_output_to(log_path: Path) -> Iterator[TextIO]:
             os.close(fd)
 
 
+def execute_locally(name: str, pipeline_func: Callable, params: Mapping[str, Any], log_path: Path, announce: str,
+                    progress: Callable[[TextIO], contextlib.AbstractContextManager] | None = None) -> None:
+    """Run ``pipeline_func(**params)`` under the kfp.local runner already initialised: one torch thread per task
+    (oversubscribed intra-op threads made a 4-way parallel CPU run 3-4x slower), the tasks' output into
+    ``log_path`` after ``announce`` on the terminal, ``progress(terminal)`` around the run when given; a failed
+    task is :class:`PipelineFailed` naming the task's own one-line error."""
+    previous_threads = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        with task_output_to(log_path) as terminal:
+            print(announce, file=terminal, flush=True)
+            original_print = builtins.print
+            try:
+                with warnings.catch_warnings(), progress(terminal) if progress else contextlib.nullcontext():
+                    warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
+                    pipeline_func(**params)
+            except RuntimeError as exc:  # kfp.local's "finished with status FAILURE", after the task's own output
+                raise PipelineFailed(f"pipeline {name} failed: {failure_reason(str(exc), log_path)}; the tasks' "
+                                     f"output is in {log_path}") from None
+            finally:
+                # kfp.local indents prints by swapping builtins.print per task; concurrent tasks restore each
+                # other's swaps out of order and can leave an indenting print behind
+                builtins.print = original_print
+    finally:
+        if previous_threads is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = previous_threads
+
+
 def run_local(params: Mapping[str, Any], workdir: str | Path = "runs/pipeline", pipeline: str = "benchmark_sweep",
               storage_root: str | Path | None = None) -> Path:
     """Run ``pipeline`` with kfp.local (SubprocessRunner, no venv).
@@ -211,38 +241,19 @@ def run_local(params: Mapping[str, Any], workdir: str | Path = "runs/pipeline", 
     check_output_dir(workdir, "--workdir", sources)
     if storage_root is not None:
         check_output_dir(storage_root, "--storage-root", sources)
-    # One torch thread per task and as many concurrent tasks as cores: oversubscribed intra-op
-    # threads made a 4-way parallel CPU run 3-4x slower than this.
+    # as many concurrent tasks as cores, one torch thread each (execute_locally)
     cores = max(1, len(os.sched_getaffinity(0)))
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     layout = StorageLayout(str(Path(storage_root).resolve() if storage_root else workdir / "storage"))
     pipeline_func = get_pipeline(name, parallelism=cores, storage_root=layout.root)
-    previous_threads = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
     artifact_root = workdir / "artifacts"
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(artifact_root), raise_on_error=True)
     log_path = workdir / LOG_NAME
     started = time.time()
-    with task_output_to(log_path) as terminal:
-        print(f"pipeline {name}: running; the tasks' output goes to {log_path}", file=terminal, flush=True)
-        progress = PipelineProgress(name, _expected_tasks(name, pipeline_func, params), artifact_root, stream=terminal)
-        original_print = builtins.print
-        try:
-            with warnings.catch_warnings(), progress:
-                warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
-                pipeline_func(**params)
-        except RuntimeError as exc:  # kfp.local's "finished with status FAILURE", after the task's own output
-            raise PipelineFailed(f"pipeline {name} failed: {failure_reason(str(exc), log_path)}; the tasks' output "
-                                 f"is in {log_path}") from None
-        finally:
-            # kfp.local indents prints by swapping builtins.print per task; concurrent tasks restore each
-            # other's swaps out of order and can leave an indenting print behind
-            builtins.print = original_print
-            if previous_threads is None:
-                os.environ.pop("OMP_NUM_THREADS", None)
-            else:
-                os.environ["OMP_NUM_THREADS"] = previous_threads
+    execute_locally(name, pipeline_func, params, log_path, f"pipeline {name}: running; the tasks' output goes to "
+                    f"{log_path}", lambda terminal: PipelineProgress(
+                        name, _expected_tasks(name, pipeline_func, params), artifact_root, stream=terminal))
     seconds = time.time() - started
     run_dir = _latest_run_dir(artifact_root, pipeline_func, started)
     status = atomic.read_json(Path(layout.status) / f"{run_dir.name}.json", "run status record")

@@ -25,4 +25,4 @@ def test_component_readme_lists_every_input_and_output(folder):
 
 
 def test_every_component_folder_is_found():
-    assert len(FOLDERS) == 8
+    assert len(FOLDERS) == 9

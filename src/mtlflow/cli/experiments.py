@@ -142,10 +142,16 @@ def cmd_palora(args: argparse.Namespace) -> int:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from mtlflow.experiments import claims
 
+    if args.pipeline and (args.ledger or args.list):
+        raise InvalidParameterError("--pipeline runs one CLAIM; --ledger and --list take no pipeline")
     if args.list:
         for claim in claims.CLAIMS.values():
             print(f"{claim.key:<28} {claim.paper}, {claim.source}: {claim.statement}")
         return 0
+    pipeline_flags = [flag for flag, value in (("--local", args.local), ("--compile", args.compile),
+                                               ("--host", args.host)) if value]
+    if (pipeline_flags or args.profile) and not args.pipeline:
+        raise InvalidParameterError(f"{(pipeline_flags or ['--profile'])[0]} belongs to --pipeline; add --pipeline")
     if args.ledger:
         if args.claim:
             raise InvalidParameterError("--ledger renders the stored results; give no CLAIM with it")
@@ -158,6 +164,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     claims.get(args.claim)  # an unknown claim is named before the output folder is checked
     if args.spec:
         raise InvalidParameterError("--spec does not apply: a claim runs its paper's benchmark")
+    if args.pipeline:
+        return reproduce_pipeline(args, pipeline_flags)
     check_output_dir(args.out, "--out")
     record = claims.reproduce(args.claim, args.scale, args.out, device=args.device, overwrite=args.overwrite,
                               progress=not args.no_progress, seeds=seed_list(args.seeds) if args.seeds else None,
@@ -167,6 +175,61 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     print(f"reproduce: {args.claim} ({args.scale}): {estimate} over {record['estimate']['n']} value(s); paper "
           f"{record['paper_text']}; {record['verdict']} ({record['seconds']:.0f} s); wrote "
           f"{claims.result_path(args.out, args.claim, args.scale)}")
+    return 0
+
+
+def reproduce_pipeline(args: argparse.Namespace, targets: list[str]) -> int:
+    """`mtlflow reproduce CLAIM --pipeline`: the claim's seeds as tasks of the ``reproduce`` pipeline, run here
+    (--local: the result file is written to --out as `mtlflow reproduce` writes it), compiled (--compile FILE)
+    or submitted (--host URL)."""
+    from mtlflow.core import atomic
+    from mtlflow.experiments import claims
+    from mtlflow.pipelines import reproduce as pipeline
+
+    if len(targets) != 1:
+        raise InvalidParameterError("--pipeline needs exactly one of --local, --compile FILE and --host URL, got "
+                                    f"{', '.join(targets) or 'none'}")
+    if args.device not in pipeline.DEVICES:
+        raise InvalidParameterError(f"--device must be one of {', '.join(pipeline.DEVICES)} with --pipeline (a "
+                                    f"compile-time setting), got {args.device!r}")
+    seeds = seed_list(args.seeds) if args.seeds else None
+    settings = parse_assignments(args.set, "--set")
+    claim, _, _ = claims.resolve(args.claim, args.scale, seeds, settings)
+    claims.seedwise(claim)
+    params = pipeline.parameters(args.claim, args.scale, seeds, settings, bench_config(args),
+                                 "mtlflow " + " ".join(args.argv))
+    if args.local:
+        target = claims.result_path(args.out, args.claim, args.scale)
+        check_output_dir(args.out, "--out")
+        check_output_dir(args.workdir, "--workdir", [("--out", args.out)])
+        if target.exists() and not args.overwrite:
+            raise InvalidParameterError(f"{target} exists; pass --overwrite to replace it")
+        record = pipeline.run_local(params, args.workdir, device=args.device)
+        atomic.write_json(target, record)
+        print(f"reproduce: {args.claim} ({args.scale}) as a pipeline: "
+              f"{claims.format_estimate(record['estimate'], digits=4)} over {record['estimate']['n']} value(s); "
+              f"{record['verdict']}; wrote {target} (kfp.local artifacts under {args.workdir})")
+        return 0
+    from mtlflow.config.cluster import load_profile
+
+    profile = load_profile(args.profile) if args.profile else None
+    if args.compile:
+        check_output_path(args.compile, "--compile", "file")
+        path = pipeline.compile_reproduce(args.compile, params, device=args.device, profile=profile)
+        print(f"compiled the reproduce pipeline of {args.claim} ({args.scale}, {args.device}) to {path}")
+        return 0
+    import tempfile
+
+    from mtlflow.ops import kfp_client
+
+    with tempfile.TemporaryDirectory(prefix="mtlflow-submit-") as tmp:
+        package = pipeline.compile_reproduce(Path(tmp) / "reproduce.yaml", params, device=args.device,
+                                             profile=profile)
+        info = kfp_client.submit_package(args.host, package, params, experiment=args.experiment,
+                                         run_name=args.run_name, namespace=args.namespace,
+                                         service_account=args.service_account or
+                                         (profile.service_account if profile else None))
+    print(json.dumps(info))
     return 0
 
 
@@ -302,4 +365,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ledger-path", default="docs/research/claims.md", help="where --ledger writes")
     p.add_argument("--list", action="store_true", help="list the registered claims")
     p.add_argument("--no-progress", action="store_true")
+    g = p.add_argument_group("as a Kubeflow pipeline (one task per seed, then the result file)")
+    g.add_argument("--pipeline", action="store_true", help="run the claim as the reproduce pipeline; with one of "
+                   "--local, --compile FILE, --host URL (--device is then a compile-time setting: cuda gives every "
+                   "seed task a GPU)")
+    g.add_argument("--local", action="store_true", help="run it here with kfp.local and write the result file to "
+                   "--out")
+    g.add_argument("--workdir", default="runs/reproduce-pipeline", help="--local: kfp.local's artifacts and the "
+                   "seeds' runs (reused by a re-run; default runs/reproduce-pipeline)")
+    g.add_argument("--compile", metavar="FILE", help="write the pipeline's IR YAML, this claim's settings as its "
+                   "parameters' defaults")
+    g.add_argument("--profile", metavar="FILE", help="cluster profile YAML the pipeline is compiled for, e.g. "
+                   "k8s/overlays/prod/profile.yaml (docs/guides/kubeflow.md, Cluster profiles)")
+    g.add_argument("--host", help="submit one run to this KFP API URL (token from $MTLFLOW_KFP_TOKEN)")
+    g.add_argument("--experiment", default="mtlflow", help="--host: experiment name (created if missing)")
+    g.add_argument("--namespace", help="--host: Kubeflow profile namespace (multi-user deployments)")
+    g.add_argument("--service-account", help="--host: service account of the run's pods (default: the profile's)")
+    g.add_argument("--run-name", help="--host: display name of the run")
     p.set_defaults(func=cmd_reproduce)

@@ -7,8 +7,11 @@ settings) and the function that measures it. Every runner calls an existing expe
 (:mod:`mtlflow.experiments.trajectories`, :mod:`~mtlflow.experiments.asmg_synthetic`, :mod:`~mtlflow.experiments.bench`,
 :func:`mtlflow.jobs.train`, :func:`mtlflow.jobs.evaluate`, :func:`mtlflow.jobs.palora.overhead_table`): nothing here
 trains by itself. :func:`reproduce` runs one claim and writes its result file (every seed's value, the mean and
-95 % interval of :mod:`mtlflow.metrics.intervals`, the verdict, scale, date, hardware, command);
-:func:`ledger_markdown` renders ``docs/research/claims.md`` from the stored result files only.
+95 % interval of :mod:`mtlflow.metrics.intervals`, the verdict, scale, date, hardware, command). A runner is a
+:class:`SeedwiseRunner`: :func:`measure_seed` runs one seed and :func:`combine_seeds` turns the seeds into the
+result, which is what :func:`reproduce` does one seed after the other and the ``reproduce`` pipeline does with a
+task per seed (``pipelines/reproduce.py``, :mod:`mtlflow.experiments.claim_pipeline`), so both write the same
+file. :func:`ledger_markdown` renders ``docs/research/claims.md`` from the stored result files only.
 
 **Verdicts** (:func:`judge`), by the claim's rule:
 
@@ -104,56 +107,80 @@ class RunContext:
 # --------------------------------------------------------------------------------------------- runners
 
 
-def run_toy_escape(config: Mapping[str, Any], seeds: Sequence[int], ctx: RunContext) -> dict[str, Any]:
-    """COST Fig. 6: starts (of 5) from which LS + COST reaches the Pareto set, one value per seed (COST's
-    teleports are seeded; LS alone is deterministic and run once as the baseline)."""
-    from mtlflow.experiments.trajectories import run_method, run_method_with_cost
+@dataclass(frozen=True)
+class SeedwiseRunner:
+    """A runner in two steps, so that each seed can run as a task of its own (the ``reproduce`` pipeline's loop):
+    ``measure(config, seed, ctx)`` runs one seed and returns its part (JSON: a task's output artifact), and
+    ``combine(config, parts, ctx)`` turns the parts of every seed, in seed order, into ``{values, baseline?,
+    details}``. A seed's value never depends on another seed's runs except where ``combine`` says so (Δm%'s
+    references are the mean over every seed's single-task runs), so the seeds can run anywhere. Called with all
+    seeds it runs them one after the other: what `mtlflow reproduce` does."""
 
-    steps, method = int(config["steps"]), config.get("method", "ls")
-    values, per_seed = [], []
+    measure: Callable[[Mapping[str, Any], int, "RunContext"], dict[str, Any]]
+    combine: Callable[[Mapping[str, Any], Sequence[Mapping[str, Any]], "RunContext"], dict[str, Any]]
+
+    def __call__(self, config: Mapping[str, Any], seeds: Sequence[int], ctx: "RunContext") -> dict[str, Any]:
+        return self.combine(config, [self.measure(config, seed, ctx) for seed in seeds], ctx)
+
+
+def _toy_seed(config: Mapping[str, Any], seed: int, ctx: RunContext) -> dict[str, Any]:
+    from mtlflow.experiments.trajectories import run_method_with_cost
+
+    method = config.get("method", "ls")
     with _torch_threads(config.get("threads")):
-        base = run_method(method, steps=steps)
-        ctx.say(f"{method}: {base.reached}/{len(base.distances)} starts reach the Pareto set ({base.seconds:.1f} s)")
-        for seed in seeds:
-            result, teleports = run_method_with_cost(method, steps, seed=seed, options=config.get("teleport_options"))
-            values.append(float(result.reached))
-            per_seed.append({"seed": seed, "reached": result.reached, "teleports": len(teleports),
-                             "distances": result.distances, "seconds": result.seconds})
-            ctx.say(f"{method}+cost seed {seed}: {result.reached}/{len(result.distances)} ({len(teleports)} "
-                    "teleports)")
-    return {"values": values, "details": {"base_reached": base.reached, "base_distances": base.distances,
-                                          "per_seed": per_seed}}
+        result, teleports = run_method_with_cost(method, int(config["steps"]), seed=seed,
+                                                 options=config.get("teleport_options"))
+    ctx.say(f"{method}+cost seed {seed}: {result.reached}/{len(result.distances)} ({len(teleports)} teleports)")
+    return {"value": float(result.reached), "detail": {"seed": seed, "reached": result.reached,
+                                                       "teleports": len(teleports), "distances": result.distances,
+                                                       "seconds": result.seconds}}
 
 
-def run_asmg_table(config: Mapping[str, Any], seeds: Sequence[int], ctx: RunContext) -> dict[str, Any]:
-    """Thesis Sec. 4.6.1: per seed, the share of (problem, N) cells whose ℰ reaches the target."""
+def _toy_combine(config: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], ctx: RunContext) -> dict[str, Any]:
+    from mtlflow.experiments.trajectories import run_method
+
+    method = config.get("method", "ls")
+    with _torch_threads(config.get("threads")):
+        base = run_method(method, steps=int(config["steps"]))
+    ctx.say(f"{method}: {base.reached}/{len(base.distances)} starts reach the Pareto set ({base.seconds:.1f} s)")
+    return {"values": [p["value"] for p in parts],
+            "details": {"base_reached": base.reached, "base_distances": base.distances,
+                        "per_seed": [p["detail"] for p in parts]}}
+
+
+#: COST Fig. 6: starts (of 5) from which LS + COST reaches the Pareto set, one value per seed (COST's teleports
+#: are seeded; LS alone is deterministic and run once, when the seeds are combined, as the baseline)
+run_toy_escape = SeedwiseRunner(_toy_seed, _toy_combine)
+
+
+def _asmg_seed(config: Mapping[str, Any], seed: int, ctx: RunContext) -> dict[str, Any]:
+    """One seed's share of (problem, N) cells whose ℰ reaches the target, and the cells."""
     from mtlflow.benchmarks.asmg_synthetic import PROBLEMS
+    from mtlflow.experiments.asmg_synthetic import METHODS, _reached, run_one
 
     problems = list(config.get("problems", PROBLEMS))
     target = float(config["target"])
-    values, cells = [], []
+    reached, cells = 0, []
     with _torch_threads(config.get("threads")):
-        for seed in seeds:
-            values.append(_asmg_seed(config, problems, seed, target, cells, ctx))
-    return {"values": values, "details": {"cells": cells}}
+        for problem in problems:
+            for n in config["sample_sizes"]:
+                run = run_one(problem, int(n), seed, int(config["dim"]), int(config["iterations"]),
+                              float(config.get("beta", 0.1)), config.get("update", "normalized"),
+                              METHODS[config.get("method", "asmg")], 25, float(config.get("stop_at", 1e-6)))
+                at = _reached(run["curve"], target)
+                reached += at is not None
+                cells.append({"seed": seed, "problem": problem, "n_samples": n, "final": run["final"],
+                              "iterations_to_target": at, "seconds": run["seconds"]})
+                ctx.say(f"asmg {problem} N={n} seed {seed}: ℰ = {run['final']:.2e}")
+    return {"value": reached / (len(problems) * len(config["sample_sizes"])), "cells": cells}
 
 
-def _asmg_seed(config: Mapping[str, Any], problems: Sequence[str], seed: int, target: float,
-               cells: list[dict[str, Any]], ctx: RunContext) -> float:
-    from mtlflow.experiments.asmg_synthetic import METHODS, _reached, run_one
+def _asmg_combine(config: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], ctx: RunContext) -> dict[str, Any]:
+    return {"values": [p["value"] for p in parts], "details": {"cells": [c for p in parts for c in p["cells"]]}}
 
-    reached = 0
-    for problem in problems:
-        for n in config["sample_sizes"]:
-            run = run_one(problem, int(n), seed, int(config["dim"]), int(config["iterations"]),
-                          float(config.get("beta", 0.1)), config.get("update", "normalized"),
-                          METHODS[config.get("method", "asmg")], 25, float(config.get("stop_at", 1e-6)))
-            at = _reached(run["curve"], target)
-            reached += at is not None
-            cells.append({"seed": seed, "problem": problem, "n_samples": n, "final": run["final"],
-                          "iterations_to_target": at, "seconds": run["seconds"]})
-            ctx.say(f"asmg {problem} N={n} seed {seed}: ℰ = {run['final']:.2e}")
-    return reached / (len(problems) * len(config["sample_sizes"]))
+
+#: Thesis Sec. 4.6.1: per seed, the share of (problem, N) cells whose ℰ reaches the target
+run_asmg_table = SeedwiseRunner(_asmg_seed, _asmg_combine)
 
 
 @contextlib.contextmanager
@@ -170,68 +197,98 @@ def _torch_threads(threads: int | None):
         torch.set_num_threads(previous)
 
 
-def run_step_ratio(config: Mapping[str, Any], seeds: Sequence[int], ctx: RunContext) -> dict[str, Any]:
-    """Median step time of ``method`` over LS's (`mtlflow bench`), one repeat per seed."""
+def _repeats(config: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], ctx: RunContext) -> dict[str, Any]:
+    """The timing runners' combination: one value and one row per repeat (seed)."""
+    return {"values": [p["value"] for p in parts], "details": {"repeats": [p["repeat"] for p in parts]}}
+
+
+def _step_ratio_seed(config: Mapping[str, Any], seed: int, ctx: RunContext) -> dict[str, Any]:
     import torch
 
     from mtlflow.experiments.bench import run_bench
 
     method = config["method"]
-    values, rows = [], []
-    for seed in seeds:
-        torch.manual_seed(seed)
-        with tempfile.TemporaryDirectory(dir=ctx.work_dir) as tmp:
-            summary = run_bench(tmp, [method], [int(config["tasks"])], steps=int(config["steps"]),
-                                warmup=int(config["warmup"]), batch_size=int(config["batch_size"]),
-                                width=int(config["width"]), image_size=int(config["image_size"]),
-                                device=ctx.device, engine_rows=[], threads=config.get("threads"), progress=False)
-        row = next(r for r in summary["methods"] if r["method"] == method)
-        ls = next(r for r in summary["methods"] if r["method"] == "ls")
-        if row["ratio_to_ls"] is None:
-            raise InvalidParameterError(f"{method} could not be timed: {row['status']}")
-        values.append(float(row["ratio_to_ls"]))
-        rows.append({"seed": seed, "step_seconds": row["step_seconds_median"], "ls_step_seconds":
-                     ls["step_seconds_median"], "ratio_to_ls": row["ratio_to_ls"]})
-        ctx.say(f"{method} repeat {seed}: {row['ratio_to_ls']:.3f} x LS")
-    return {"values": values, "details": {"repeats": rows}}
+    torch.manual_seed(seed)
+    with tempfile.TemporaryDirectory(dir=ctx.work_dir) as tmp:
+        summary = run_bench(tmp, [method], [int(config["tasks"])], steps=int(config["steps"]),
+                            warmup=int(config["warmup"]), batch_size=int(config["batch_size"]),
+                            width=int(config["width"]), image_size=int(config["image_size"]),
+                            device=ctx.device, engine_rows=[], threads=config.get("threads"), progress=False)
+    row = next(r for r in summary["methods"] if r["method"] == method)
+    ls = next(r for r in summary["methods"] if r["method"] == "ls")
+    if row["ratio_to_ls"] is None:
+        raise InvalidParameterError(f"{method} could not be timed: {row['status']}")
+    ctx.say(f"{method} repeat {seed}: {row['ratio_to_ls']:.3f} x LS")
+    return {"value": float(row["ratio_to_ls"]),
+            "repeat": {"seed": seed, "step_seconds": row["step_seconds_median"],
+                       "ls_step_seconds": ls["step_seconds_median"], "ratio_to_ls": row["ratio_to_ls"]}}
 
 
-def run_cost_overhead(config: Mapping[str, Any], seeds: Sequence[int], ctx: RunContext) -> dict[str, Any]:
-    """COST's overhead per epoch over its base method (`mtlflow bench --teleport cost`), one repeat per seed."""
+#: median step time of ``method`` over LS's (`mtlflow bench`), one repeat per seed
+run_step_ratio = SeedwiseRunner(_step_ratio_seed, _repeats)
+
+
+def _cost_overhead_seed(config: Mapping[str, Any], seed: int, ctx: RunContext) -> dict[str, Any]:
     import torch
 
     from mtlflow.experiments.bench import run_bench
 
-    values, rows = [], []
-    for seed in seeds:
-        torch.manual_seed(seed)
-        with tempfile.TemporaryDirectory(dir=ctx.work_dir) as tmp:
-            summary = run_bench(tmp, [config["method"]], [int(config["tasks"])], steps=1, warmup=0,
-                                batch_size=int(config["batch_size"]), width=int(config["width"]),
-                                image_size=int(config["image_size"]), device=ctx.device, engine_rows=[],
-                                threads=config.get("threads"), progress=False, teleport="cost",
-                                teleport_options=dict(config.get("teleport_options", {})),
-                                cost_epoch_steps=int(config["epoch_steps"]), cost_epochs=int(config["epochs"]))
-        row = next(r for r in summary["cost_overhead"] if r["method"] == config["method"])
-        if "error" in row:
-            raise InvalidParameterError(f"COST's overhead could not be measured: {row['error']}")
-        values.append(float(row["overhead"]))
-        rows.append({k: row[k] for k in ("base_epoch_seconds", "cost_epoch_seconds", "overhead",
-                                         "accounted_overhead", "teleports_per_epoch", "teleport_seconds")})
-        ctx.say(f"cost overhead repeat {seed}: {100 * row['overhead']:+.1f} %")
-    return {"values": values, "details": {"repeats": rows}}
+    torch.manual_seed(seed)
+    with tempfile.TemporaryDirectory(dir=ctx.work_dir) as tmp:
+        summary = run_bench(tmp, [config["method"]], [int(config["tasks"])], steps=1, warmup=0,
+                            batch_size=int(config["batch_size"]), width=int(config["width"]),
+                            image_size=int(config["image_size"]), device=ctx.device, engine_rows=[],
+                            threads=config.get("threads"), progress=False, teleport="cost",
+                            teleport_options=dict(config.get("teleport_options", {})),
+                            cost_epoch_steps=int(config["epoch_steps"]), cost_epochs=int(config["epochs"]))
+    row = next(r for r in summary["cost_overhead"] if r["method"] == config["method"])
+    if "error" in row:
+        raise InvalidParameterError(f"COST's overhead could not be measured: {row['error']}")
+    ctx.say(f"cost overhead repeat {seed}: {100 * row['overhead']:+.1f} %")
+    return {"value": float(row["overhead"]),
+            "repeat": {k: row[k] for k in ("base_epoch_seconds", "cost_epoch_seconds", "overhead",
+                                           "accounted_overhead", "teleports_per_epoch", "teleport_seconds")}}
 
 
-def run_palora_overhead(config: Mapping[str, Any], seeds: Sequence[int], ctx: RunContext) -> dict[str, Any]:
-    """PaLoRA's adapter parameters as a percentage of the plain model's (a count: no training, no seeds)."""
+#: COST's overhead per epoch over its base method (`mtlflow bench --teleport cost`), one repeat per seed
+run_cost_overhead = SeedwiseRunner(_cost_overhead_seed, _repeats)
+
+
+def _cost_mechanism_seed(config: Mapping[str, Any], seed: int, ctx: RunContext) -> dict[str, Any]:
+    from mtlflow.experiments.cost_mechanism import claim_seed
+
+    return claim_seed(config, seed, ctx)
+
+
+def _cost_mechanism_combine(config: Mapping[str, Any], parts: Sequence[Mapping[str, Any]],
+                            ctx: RunContext) -> dict[str, Any]:
+    from mtlflow.experiments.cost_mechanism import claim_combine
+
+    return claim_combine(config, parts, ctx)
+
+
+#: COST's teleport at its trigger steps, forked against no teleport (:mod:`mtlflow.experiments.cost_mechanism`)
+run_cost_mechanism = SeedwiseRunner(_cost_mechanism_seed, _cost_mechanism_combine)
+
+
+def _palora_overhead_seed(config: Mapping[str, Any], seed: int, ctx: RunContext) -> dict[str, Any]:
     from mtlflow import benchmarks
     from mtlflow.jobs.palora import overhead_table
 
     bench = benchmarks.build(config["benchmark"], **dict(config.get("data_options", {})))
     report = overhead_table(bench, None, int(config["rank"]), config["layers"], config["factorization"])
     ctx.say(f"palora overhead on {config['benchmark']}: {report['overhead_percent']:.3f} %")
-    return {"values": [float(report["overhead_percent"])],
+    return {"value": float(report["overhead_percent"]),
             "details": {k: report[k] for k in ("adapter_parameters", "model_parameters", "rank", "factorization")}}
+
+
+def _palora_overhead_combine(config: Mapping[str, Any], parts: Sequence[Mapping[str, Any]],
+                             ctx: RunContext) -> dict[str, Any]:
+    return {"values": [p["value"] for p in parts], "details": parts[0]["details"]}
+
+
+#: PaLoRA's adapter parameters as a percentage of the plain model's (a count: no training, one seed)
+run_palora_overhead = SeedwiseRunner(_palora_overhead_seed, _palora_overhead_combine)
 
 
 def _train(ctx: RunContext, config: Mapping[str, Any], spec: Mapping[str, Any], seed: int,
@@ -263,24 +320,35 @@ def _score(record: Mapping[str, Any], metric: str, refs: Mapping[str, Any] | Non
     return 100.0 * statistics.fmean(final[t][primary[t]] for t in primary)
 
 
-def run_trained_gain(config: Mapping[str, Any], seeds: Sequence[int], ctx: RunContext) -> dict[str, Any]:
-    """``method`` against ``baseline`` (each ``{method, hparams, teleport, teleport_options}``) trained with
-    the same seeds; the metric is Δm% against single-task LS runs (same seeds) or the mean test accuracy (%)."""
-    from mtlflow import benchmarks, jobs
+def _trained_gain_seed(config: Mapping[str, Any], seed: int, ctx: RunContext) -> dict[str, Any]:
+    """One seed's runs: the single-task LS references (for Δm%), ``method``'s and ``baseline``'s, as records."""
+    from mtlflow import benchmarks
+
+    references = []
+    if config["metric"] == "delta_m":
+        tasks = benchmarks.build(config["benchmark"], **{**dict(config.get("data_options", {})),
+                                                         **dict(ctx.data_options)}).task_names
+        references = [_train(ctx, config, {"label": f"stl-{task}", "method": "ls"}, seed, tasks=[task])[1]
+                      for task in tasks]
+    return {"references": references, "method": _train(ctx, config, config["method"], seed)[1],
+            "baseline": _train(ctx, config, config["baseline"], seed)[1]}
+
+
+def _trained_gain_combine(config: Mapping[str, Any], parts: Sequence[Mapping[str, Any]],
+                          ctx: RunContext) -> dict[str, Any]:
+    """Δm% against the references of every seed (the mean per task over seeds), or the mean test accuracy."""
+    from mtlflow import jobs
 
     metric = config["metric"]
     refs, records = None, []
     if metric == "delta_m":
-        tasks = benchmarks.build(config["benchmark"], **{**dict(config.get("data_options", {})),
-                                                         **dict(ctx.data_options)}).task_names
-        records = [_train(ctx, config, {"label": f"stl-{task}", "method": "ls"}, seed, tasks=[task])[1]
-                   for task in tasks for seed in seeds]
+        records = [part["references"][t] for t in range(len(parts[0]["references"])) for part in parts]
         refs = jobs.build_references(records)["metrics"]
     sides: dict[str, list[float]] = {"method": [], "baseline": []}
     teleports: dict[str, list[int]] = {"method": [], "baseline": []}
     for side in sides:
-        for seed in seeds:
-            record = _train(ctx, config, config[side], seed)[1]
+        for part in parts:
+            record = part[side]
             records.append(record)
             sides[side].append(_score(record, metric, refs))
             # COST's teleports per run (0 when its trigger never fired: the run is its base method's)
@@ -289,40 +357,55 @@ def run_trained_gain(config: Mapping[str, Any], seeds: Sequence[int], ctx: RunCo
             "details": {"metric": metric, "teleports_per_run": teleports, "train_seconds": _train_seconds(records)}}
 
 
+#: ``method`` against ``baseline`` (each ``{method, hparams, teleport, teleport_options}``) trained with the same
+#: seeds; the metric is Δm% against single-task LS runs (same seeds) or the mean test accuracy (%)
+run_trained_gain = SeedwiseRunner(_trained_gain_seed, _trained_gain_combine)
+
+
 def _train_seconds(records: Sequence[Mapping[str, Any]]) -> float:
     """The epochs' wall time of every run a claim used (what training them cost, also when they were reused)."""
     return round(sum(e["epoch_seconds"] for r in records for e in r["metrics"]["epochs"]), 1)
 
 
-def run_palora_front(config: Mapping[str, Any], seeds: Sequence[int], ctx: RunContext) -> dict[str, Any]:
-    """PaLoRA's front on the test split (`mtlflow evaluate`): its hypervolume, or the largest (over tasks)
-    Spearman ρ between a task's preference and its error; with ``baseline``, the baseline's front too."""
+def _palora_front_seed(config: Mapping[str, Any], seed: int, ctx: RunContext) -> dict[str, Any]:
+    """One seed's front on the test split (`mtlflow evaluate`): its value (the hypervolume, or the largest over
+    tasks Spearman ρ between a task's preference and its error), the front and the run's record; with
+    ``baseline``, the baseline's too."""
     from mtlflow import jobs
     from mtlflow.jobs.cache import cached_data_dir
 
     data = cached_data_dir(config["benchmark"], {**dict(config.get("data_options", {})), **dict(ctx.data_options)})
 
-    records: list[dict[str, Any]] = []
-    fronts: list[dict[str, Any]] = []
-
-    def front_value(spec: Mapping[str, Any], seed: int) -> float:
+    def front_value(spec: Mapping[str, Any]) -> dict[str, Any]:
         run, record = _train(ctx, config, spec, seed)
-        records.append(record)
         front = jobs.evaluate(run, data)["preference_front"]["splits"]["test"]
-        fronts.append({"run": spec["label"], "seed": seed, "hypervolume": front["hypervolume"],
-                       "spearman": front["spearman"], "non_dominated": front["non_dominated"]})
+        summary = {"run": spec["label"], "seed": seed, "hypervolume": front["hypervolume"],
+                   "spearman": front["spearman"], "non_dominated": front["non_dominated"]}
         if config["metric"] == "hypervolume":
-            return float(front["hypervolume"])
-        # ρ is undefined (None) where a task's error is the same at every grid point: a flat front, no
-        # correlation, so it counts as ρ = 0 (not monotone)
-        return max(0.0 if v is None else float(v) for v in front["spearman"].values())
+            value = float(front["hypervolume"])
+        else:
+            # ρ is undefined (None) where a task's error is the same at every grid point: a flat front, no
+            # correlation, so it counts as ρ = 0 (not monotone)
+            value = max(0.0 if v is None else float(v) for v in front["spearman"].values())
+        return {"value": value, "front": summary, "record": record}
 
-    values = [front_value(config["method"], s) for s in seeds]
-    out: dict[str, Any] = {"values": values, "details": {"metric": config["metric"]}}
+    sides = ["method", "baseline"] if "baseline" in config else ["method"]
+    return {side: front_value(config[side]) for side in sides}
+
+
+def _palora_front_combine(config: Mapping[str, Any], parts: Sequence[Mapping[str, Any]],
+                          ctx: RunContext) -> dict[str, Any]:
+    sides = ["method", "baseline"] if "baseline" in config else ["method"]
+    out: dict[str, Any] = {"values": [p["method"]["value"] for p in parts], "details": {"metric": config["metric"]}}
     if "baseline" in config:
-        out["baseline"] = [front_value(config["baseline"], s) for s in seeds]
-    out["details"].update(train_seconds=_train_seconds(records), fronts=fronts)
+        out["baseline"] = [p["baseline"]["value"] for p in parts]
+    out["details"].update(train_seconds=_train_seconds([p[side]["record"] for side in sides for p in parts]),
+                          fronts=[p[side]["front"] for side in sides for p in parts])
     return out
+
+
+#: PaLoRA's front on the test split: its hypervolume or monotonicity per seed; with ``baseline``, the baseline's
+run_palora_front = SeedwiseRunner(_palora_front_seed, _palora_front_combine)
 
 
 # ---------------------------------------------------------------------------------------------- claims
@@ -392,6 +475,32 @@ _LS = {"label": "ls", "method": "ls"}
 _PALORA = {"label": "palora", "method": "palora"}
 _NORMAL = {"label": "ls-normal", "method": "ls", "architecture": "normal"}
 _PAMAL = {"label": "palora-pamal", "method": "palora", "hparams": {"schedule": "dirichlet", "rays": 5}}
+_CITYSCAPES = {"benchmark": "cityscapes", "data_options": {}, "train": {}}
+_NYUV2 = {"benchmark": "nyuv2", "data_options": {}, "train": {}}
+_OFFICE31 = {"benchmark": "office31", "data_options": {}, "train": {}}
+# COST's ablation (Tables 4, 7, 8; the rows of mtlflow.experiments.cost_ablation.ablation_rows): FairGrad + COST
+# with one component removed or changed, per scale. At ci scale the component and adapter rows use the weak
+# trigger: the paper's dominated trigger never fires on MultiMNIST (docs/research/cost.md), so every row would be
+# FairGrad's own run and the comparison empty.
+_COST_FULL = {"label": "fairgrad-cost", "method": "fairgrad", "teleport": "cost"}
+_COST_WEAK = {"label": "fairgrad-cost-weak", "method": "fairgrad", "teleport": "cost",
+              "teleport_options": {"trigger": "weak"}}
+_COST_ABLATED = {row: {"paper": {"label": f"fairgrad-cost-{row}", "method": "fairgrad", "teleport": "cost",
+                                 "teleport_options": options},
+                       "ci": {"label": f"fairgrad-cost-weak-{row}", "method": "fairgrad", "teleport": "cost",
+                              "teleport_options": {"trigger": "weak", **options}}}
+                 for row, options in {"no-lt": {"use_invariance": False}, "no-lg": {"use_sharpness": False},
+                                      "no-htr": {"htr": False}, "loha": {"adapter": "loha"}}.items()}
+_COST_ABLATION_CI = ("MultiMNIST (2,000 training images of the shipped digits), LeNet, 3 epochs, 3 seeds; both "
+                     "sides with COST's weak trigger (the dominated one never fires here)")
+_COST_ABLATION_IF_NOT = ("the ci scale is MultiMNIST with the weak trigger, not CityScapes with the dominated one; "
+                         "teleports per run and the telemetry are in the result file (`mtlflow ablate cost` gives "
+                         "the whole table)")
+# NORMAL's ablation (thesis Table 5.4): the architecture with one choice changed (mtlflow.models.normal's options)
+_NORMAL_ABLATED = {row: {"label": f"ls-normal-{row}", "method": "ls", "architecture": "normal",
+                         "architecture_options": options}
+                   for row, options in {"fixed": {"learn_positions": False}, "exp": {"position_param": "exp"},
+                                        "first-order": {"order": 1}}.items()}
 
 CLAIMS: dict[str, Claim] = {c.key: c for c in [
     Claim(key="cost-toy-escape", paper="COST", source="Fig. 6",
@@ -412,6 +521,66 @@ CLAIMS: dict[str, Claim] = {c.key: c for c in [
     _cost_gain("cost-celeba", "Table 3 (Δm%)", "CelebA", "0.93 ± 0.2 vs FairGrad-R 1.15", -0.22,
                {"benchmark": "celeba", "data_options": {}, "train": {}},
                "CelebA (not shipped, 1.4 GB): --data-dir DIR"),
+    _trained("cost-ablation-no-lt", "COST", "Table 4 (CityScapes Δm%; rows reconstructed from Sec. 5.2's text)",
+             "full COST (L_t, L_g, HTR) has a lower Δm% than COST without the loss-invariance term L_t",
+             "4.30 vs w/o L_t 381.86", -377.56, "delta_m", _COST_FULL, _COST_ABLATED["no-lt"]["paper"], _CITYSCAPES,
+             "CityScapes, the benchmark recipe, FairGrad + COST (dominated trigger) with and without L_t, 3 seeds",
+             "CityScapes (not shipped): --data-dir DIR", _COST_ABLATION_IF_NOT, ci_description=_COST_ABLATION_CI,
+             ci_sides={"method": _COST_WEAK, "baseline": _COST_ABLATED["no-lt"]["ci"]}),
+    _trained("cost-ablation-no-lg", "COST", "Table 4 (CityScapes Δm%; rows reconstructed from Sec. 5.2's text)",
+             "full COST has a lower Δm% than COST without the gradient-maximisation term L_g",
+             "4.30 vs w/o L_g 7.90", -3.60, "delta_m", _COST_FULL, _COST_ABLATED["no-lg"]["paper"], _CITYSCAPES,
+             "CityScapes, the benchmark recipe, FairGrad + COST (dominated trigger) with and without L_g, 3 seeds",
+             "CityScapes (not shipped): --data-dir DIR", _COST_ABLATION_IF_NOT, ci_description=_COST_ABLATION_CI,
+             ci_sides={"method": _COST_WEAK, "baseline": _COST_ABLATED["no-lg"]["ci"]}),
+    _trained("cost-ablation-no-htr", "COST", "Table 4 (CityScapes Δm%) / Sec. 5.2",
+             "full COST has a lower Δm% than COST without historical trajectory reuse (HTR)",
+             "4.30 vs w/o HTR 4.65", -0.35, "delta_m", _COST_FULL, _COST_ABLATED["no-htr"]["paper"], _CITYSCAPES,
+             "CityScapes, the benchmark recipe, FairGrad + COST (dominated trigger) with and without HTR, 3 seeds",
+             "CityScapes (not shipped): --data-dir DIR", _COST_ABLATION_IF_NOT, ci_description=_COST_ABLATION_CI,
+             ci_sides={"method": _COST_WEAK, "baseline": _COST_ABLATED["no-htr"]["ci"]}),
+    _trained("cost-trigger-dominated", "COST", "Table 7 (CityScapes Δm%)",
+             "COST triggered by dominated conflict (Eq. 3) has a lower Δm% than triggered by weak conflict (Def. 1)",
+             "COST-dominated 4.30 vs COST-weak 6.94", -2.64, "delta_m", _COST_FULL, _COST_WEAK, _CITYSCAPES,
+             "CityScapes, the benchmark recipe, FairGrad + COST with either trigger, 3 seeds",
+             "CityScapes (not shipped): --data-dir DIR",
+             "the dominated trigger never fires on MultiMNIST (the dominated side is FairGrad's run); the ci scale "
+             "is not CityScapes",
+             ci_description="MultiMNIST (2,000 training images of the shipped digits), LeNet, 3 epochs, 3 seeds"),
+    _trained("cost-adapter-lora", "COST", "Table 8 (CityScapes Δm%)",
+             "COST with a LoRA adapter has a lower Δm% than with LoHa (OFT, the table's third row, is not run: "
+             "peft's OFT is wrong on Conv2d layers)",
+             "COST-LoRA 4.30 vs COST-LoHa 7.10", -2.80, "delta_m", _COST_FULL, _COST_ABLATED["loha"]["paper"],
+             _CITYSCAPES, "CityScapes, the benchmark recipe, FairGrad + COST (dominated trigger) with a LoRA or a "
+             "LoHa adapter (rank 5), 3 seeds", "CityScapes (not shipped): --data-dir DIR", _COST_ABLATION_IF_NOT,
+             ci_description=_COST_ABLATION_CI,
+             ci_sides={"method": _COST_WEAK, "baseline": _COST_ABLATED["loha"]["ci"]}),
+    _trained("cost-plugin-cagrad", "COST", "Table 5 (CityScapes Δm%)",
+             "COST plugged into CAGrad lowers CAGrad's Δm% on CityScapes",
+             "CAGrad + COST 8.37 vs CAGrad 11.58", -3.21, "delta_m",
+             {"label": "cagrad-cost", "method": "cagrad", "teleport": "cost"}, {"label": "cagrad", "method": "cagrad"},
+             _CITYSCAPES, "CityScapes, the benchmark recipe, COST's defaults (dominated trigger), 3 seeds",
+             "CityScapes (not shipped): --data-dir DIR",
+             "the dominated trigger rarely or never fires on MultiMNIST (teleports per run in the row); the ci "
+             "scale is not CityScapes"),
+    _trained("cost-plugin-nashmtl", "COST", "Table 5 (CityScapes Δm%)",
+             "COST plugged into Nash-MTL lowers Nash-MTL's Δm% on CityScapes (the paper's Nash-R: FAMO's "
+             "implementation; mtlflow's nashmtl is Navon et al.'s algorithm)",
+             "Nash-R + COST 7.15 vs Nash-R 9.89", -2.74, "delta_m",
+             {"label": "nashmtl-cost", "method": "nashmtl", "teleport": "cost"},
+             {"label": "nashmtl", "method": "nashmtl"},
+             _CITYSCAPES, "CityScapes, the benchmark recipe, COST's defaults (dominated trigger), 3 seeds",
+             "CityScapes (not shipped): --data-dir DIR",
+             "the dominated trigger rarely or never fires on MultiMNIST (teleports per run in the row); the ci "
+             "scale is not CityScapes"),
+    _trained("cost-plugin-cagrad-nyuv2", "COST", "Table 6 (NYUv2 Δm%)",
+             "COST plugged into CAGrad lowers CAGrad's Δm% on NYUv2",
+             "CAGrad + COST −1.61 vs CAGrad 0.29", -1.90, "delta_m",
+             {"label": "cagrad-cost", "method": "cagrad", "teleport": "cost"}, {"label": "cagrad", "method": "cagrad"},
+             _NYUV2, "NYUv2, the benchmark recipe, COST's defaults (dominated trigger), 3 seeds",
+             "NYUv2 (not shipped): --data-dir DIR",
+             "the dominated trigger rarely or never fires on MultiMNIST (teleports per run in the row); the ci "
+             "scale is not NYUv2 (it shares the runs of cost-plugin-cagrad)"),
     Claim(key="cost-time-overhead", paper="COST", source="Sec. 5 / Fig. 11 (CelebA)",
           statement="COST costs about 30 % more time per epoch than its base method",
           paper_text="≈ +30 % per epoch (CelebA, figure only)", paper_value=0.30,
@@ -424,6 +593,26 @@ CLAIMS: dict[str, Claim] = {c.key: c for c in [
                               {"method": "fairgrad", "tasks": 10, "width": 8, "image_size": 16, "batch_size": 16,
                                "epoch_steps": 20, "epochs": 1, "threads": 1})},
           if_not="a short epoch makes one teleport a larger share; a shared CPU adds noise"),
+    Claim(key="cost-mechanism", paper="COST", source="Sec. 4.2, Eqs. 7–11, Fig. 5(b)",
+          statement="at a dominated-conflict trigger (Eq. 3) the teleport keeps every task loss and raises the "
+                    "sharpness L_g it maximises",
+          paper_text="L_t stays ≈ 0 while L_g rises over the LoRA steps (figure only)", paper_value=1.0,
+          metric="share of the trigger events whose teleport (default budget) raises L_g (Eq. 9, fixed ε) by ≥ 10 % "
+                 "with every task loss within 2 %",
+          rule="at_least", lower_is_better=False, runner=run_cost_mechanism,
+          scales={"paper": Scale("CelebA CNN, 40 synthetic attributes, full width, 64×64, batch 256, FairGrad, "
+                                 "5 trigger events per seed forked 50 steps, 3 seeds",
+                                 {"tasks": 40, "width": 64, "image_size": 64, "samples": 8192, "batch_size": 256,
+                                  "events": 5, "max_steps": 2000, "horizon": 50, "threads": None,
+                                  "budgets": [[8, 0.005], [32, 0.005], [128, 0.005], [8, 0.02], [32, 0.001]]}),
+                  "ci": Scale("CelebA CNN, 40 synthetic attributes, width 8, 16×16, batch 32, FairGrad, 2 trigger "
+                              "events per seed forked 8 steps, 3 seeds, 1 thread",
+                              {"tasks": 40, "width": 8, "image_size": 16, "samples": 512, "batch_size": 32,
+                               "events": 2, "max_steps": 200, "horizon": 8, "threads": 1,
+                               "budgets": [[8, 0.005], [32, 0.005], [8, 0.02], [8, 0.002], [32, 0.001]]})},
+          if_not="L_g rises at every trigger, but the default adapter lr changes some task loss by slightly more "
+                 "than the tolerance; smaller adapter lrs achieve both (the budget sweep in the result file); "
+                 "random attributes on a small CNN, not CelebA"),
     _trained("palora-multimnist-accuracy", "PaLoRA", "Table 4 (MultiMNIST)",
              "PaLoRA's mean accuracy on MultiMNIST is higher than LS's",
              "96.55 / 95.39 vs LS 95.47 / 94.45 (mean +1.01 points)", 1.01, "accuracy", _PALORA, _LS,
@@ -455,6 +644,14 @@ CLAIMS: dict[str, Claim] = {c.key: c for c in [
                  "the one-seed full-scale front of docs/research/palora.md trades the two digits the expected way"),
     _palora_overhead("palora-overhead-cityscapes", "cityscapes", 4.2, "Table 1 / Sec. 5 (CityScapes)"),
     _palora_overhead("palora-overhead-nyuv2", "nyuv2", 6.3, "Table 2 (NYUv2)"),
+    _trained("palora-multimnist-accuracy-pamal", "PaLoRA", "Table 4 (MultiMNIST)",
+             "PaLoRA's mean accuracy on MultiMNIST is higher than PaMaL's",
+             "96.55 / 95.39 vs PaMaL 96.17 / 95.32 (mean +0.225 points)", 0.225, "accuracy", _PALORA, _PAMAL,
+             _MULTIMNIST_PAPER, "MultiMNIST with the real MNIST digits (10,000 images), the recipe's epochs, r = 1, "
+             "3 seeds; each table row = the merged model at λ = 1/T; PaMaL = PaLoRA's `dirichlet` schedule with 5 "
+             "rays (mtlflow has no PaMaL weight ensembles)", None,
+             "the baseline is PaMaL's sampling on PaLoRA's adapters, not PaMaL's weight ensembles; the paper's "
+             "difference (0.2 points) is below the seed spread at ci scale"),
     Claim(key="ldcmtl-step-time", paper="LDC-MTL", source="Sec. 5.1 (Fig. 1 / Table 1 cost class)",
           statement="an LDC-MTL step costs at most 1.11 × an LS step",
           paper_text="≤ 1.11 × LS", paper_value=1.11, metric="median step time / LS's (same process)",
@@ -475,6 +672,15 @@ CLAIMS: dict[str, Claim] = {c.key: c for c in [
              "49.5 vs LS 177.6", -128.1, "delta_m", _LDC, _LS,
              {"benchmark": "qm9", "data_options": {}, "train": {}}, "QM9, 11 targets, the recipe, 3 seeds",
              None, "the ci scale is MultiMNIST with 2 tasks, not QM9"),
+    _trained("ldcmtl-cityscapes", "LDC-MTL", "Table 2 (Cityscapes Δm%)", "LDC-MTL has a lower Δm% than LS on "
+             "Cityscapes", "−0.57 vs LS 22.60", -23.17, "delta_m", _LDC, _LS, _CITYSCAPES,
+             "Cityscapes, SegNet-MTAN, the recipe (200 epochs, batch 8), 3 seeds",
+             "CityScapes (not shipped): --data-dir DIR",
+             "the ci scale is MultiMNIST with 2 tasks, not Cityscapes (it shares the runs of ldcmtl-celeba)"),
+    _trained("ldcmtl-nyuv2", "LDC-MTL", "Table 1 / Table 7 (NYU-v2 Δm%)", "LDC-MTL has a lower Δm% than LS on "
+             "NYU-v2", "−4.40 ± 0.74 vs LS 5.59", -9.99, "delta_m", _LDC, _LS, _NYUV2,
+             "NYU-v2, SegNet-MTAN, the recipe (200 epochs, batch 2), 3 seeds", "NYUv2 (not shipped): --data-dir DIR",
+             "the ci scale is MultiMNIST with 2 tasks, not NYU-v2 (it shares the runs of ldcmtl-celeba)"),
     _trained("forum-hypercleaning", "Thesis ch. 3 (MOML/FORUM)", "Table 3.2",
              "FORUM cleans better than MOML: higher mean test accuracy on the two hyper-cleaning tasks",
              "FORUM 90.81 / 82.07 vs MOML 88.64 / 80.64 (mean +1.80 points)", 1.80, "accuracy",
@@ -491,6 +697,25 @@ CLAIMS: dict[str, Claim] = {c.key: c for c in [
              ci_description="two pools of shipped digits, 300 noisy images each, 4 epochs, T = 8, 3 seeds",
              ci_sides={"method": {"label": "forum-t8", "method": "forum", "hparams": {"inner_steps": 8}},
                        "baseline": {"label": "moml-t8", "method": "moml", "hparams": {"inner_steps": 8}}}),
+    _trained("forum-hypercleaning-moco", "Thesis ch. 3 (MOML/FORUM)", "Table 3.2",
+             "FORUM cleans better than MoCo (MOML with MoCo as the MOO solver): higher mean test accuracy on the two "
+             "hyper-cleaning tasks",
+             "FORUM 90.81 / 82.07 vs MoCo 88.05 / 80.94 (mean +1.945 points)", 1.945, "accuracy",
+             {"label": "forum", "method": "forum"},
+             {"label": "moml-moco", "method": "moml", "hparams": {"upper_solver": "moco"}},
+             {"benchmark": "hypercleaning", "data_options": {"n_train": 5000, "n_val": 1000, "n_test": 1500,
+                                                             "mnist_dir": "../shared/realdata/mnist"},
+              "train": {"epochs": 24}},
+             "two MNIST pools (Fashion-MNIST is not offline; --data-option fashion_dir=DIR), 5,000 noisy images "
+             "each, T = 64, 1,200 UL iterations, 3 seeds", None,
+             "the ci scale unrolls T = 8 steps on 300 images for 4 epochs; the ledger reports the last epoch (the "
+             "thesis selects on a second validation set)",
+             ci_common={"benchmark": "hypercleaning", "data_options": {"n_train": 300, "n_val": 100, "n_test": 300},
+                        "train": {"epochs": 4}},
+             ci_description="two pools of shipped digits, 300 noisy images each, 4 epochs, T = 8, 3 seeds",
+             ci_sides={"method": {"label": "forum-t8", "method": "forum", "hparams": {"inner_steps": 8}},
+                       "baseline": {"label": "moml-moco-t8", "method": "moml",
+                                    "hparams": {"inner_steps": 8, "upper_solver": "moco"}}}),
     Claim(key="asmg-synthetic", paper="Thesis ch. 4 (ASMG)", source="Sec. 4.6.1, Figs. 4.1–4.3",
           statement="ASMG reaches ℰ ≤ 1e-4 on all three synthetic problems for N = 10, 50, 100 (d = 100)",
           paper_text="≈ 1e-4 on every problem and N (figures only)", paper_value=1.0,
@@ -512,6 +737,48 @@ CLAIMS: dict[str, Claim] = {c.key: c for c in [
              "accuracy", _NORMAL, _LS, {"benchmark": "celeba", "data_options": {}, "train": {}},
              "CelebA, 40 tasks, the recipe, 3 seeds", "CelebA (not shipped, 1.4 GB): --data-dir DIR",
              "the ci scale is MultiMNIST with 2 tasks, not CelebA"),
+    _trained("normal-officehome", "Thesis ch. 5 (NORMAL)", "Table 5.1 (Office-Home average)",
+             "NORMAL's average accuracy on Office-Home is higher than EW's (LS)", "80.08 vs EW 78.59", 1.49,
+             "accuracy", _NORMAL, _LS, {"benchmark": "officehome", "data_options": {}, "train": {}},
+             "Office-Home, the benchmark's ResNet-18 backbone and recipe, 3 seeds",
+             "Office-Home (not shipped): --data-dir DIR",
+             "the ci scale is MultiMNIST, not Office-Home (it shares the runs of normal-office31)"),
+    _trained("normal-nyuv2", "Thesis ch. 5 (NORMAL)", "Table 5.2 (NYUv2 Δ)",
+             "NORMAL improves on EW (LS) on NYUv2's three tasks: a lower Δm% against single-task runs (the thesis' "
+             "Δ_p is against EW, higher better: NORMAL − EW in Δm% ≈ −Δ_p)",
+             "Δ_p +1.33 % vs EW 0 %", -1.33, "delta_m", _NORMAL, _LS, _NYUV2,
+             "NYUv2, the benchmark's SegNet-MTAN and recipe (the thesis uses DeepLabV3+ on a dilated ResNet-18, "
+             "which mtlflow lacks), 3 seeds", "NYUv2 (not shipped): --data-dir DIR",
+             "the ci scale is MultiMNIST, not NYUv2 (it shares the runs of normal-office31)"),
+    _trained("normal-ablation-fixed-positions", "Thesis ch. 5 (NORMAL)", "Table 5.4 (Office-31 average)",
+             "learned task positions beat a constant position shared by all tasks (p = 1)",
+             "NORMAL 94.80 vs constant and identical p_i 93.95", 0.85, "accuracy", _NORMAL,
+             _NORMAL_ABLATED["fixed"], _OFFICE31, "Office-31, the benchmark's ResNet-18 backbone and recipe, "
+             "NORMAL with learned vs constant p_i = 1, 3 seeds", "Office-31 (not shipped): --data-dir DIR",
+             "the ci scale is MultiMNIST with 3 epochs, where the positions move little from their start (p = 1)"),
+    _trained("normal-ablation-different-positions", "Thesis ch. 5 (NORMAL)", "Table 5.4 (Office-31 average)",
+             "learned task positions beat constant but different positions",
+             "NORMAL 94.80 vs constant but different p_i 94.04", 0.76, "accuracy", _NORMAL,
+             {"label": "ls-normal-fixed-1-1.25-1.5", "method": "ls", "architecture": "normal",
+              "architecture_options": {"learn_positions": False, "initial_positions": [1.0, 1.25, 1.5]}},
+             _OFFICE31, "Office-31, the recipe, NORMAL with learned p_i vs constant p = (1, 1.25, 1.5) (the thesis "
+             "picks the best of the 6 permutations of {1, 1.25, 1.5}; this is one of them), 3 seeds",
+             "Office-31 (not shipped): --data-dir DIR",
+             "the ci scale is MultiMNIST with 3 epochs and one permutation (1, 1.25), not Office-31",
+             ci_sides={"method": _NORMAL,
+                       "baseline": {"label": "ls-normal-fixed-1-1.25", "method": "ls", "architecture": "normal",
+                                    "architecture_options": {"learn_positions": False,
+                                                             "initial_positions": [1.0, 1.25]}}}),
+    _trained("normal-ablation-exp-positions", "Thesis ch. 5 (NORMAL)", "Table 5.4 (Office-31 average)",
+             "unconstrained task positions beat positive ones (p_i = e^{v_i})",
+             "NORMAL 94.80 vs p_i = e^{v_i} 94.00", 0.80, "accuracy", _NORMAL, _NORMAL_ABLATED["exp"], _OFFICE31,
+             "Office-31, the recipe, NORMAL with p_i vs p_i = e^{v_i}, 3 seeds",
+             "Office-31 (not shipped): --data-dir DIR", "the ci scale is MultiMNIST with 3 epochs, not Office-31"),
+    _trained("normal-ablation-first-order", "Thesis ch. 5 (NORMAL)", "Table 5.4 (Office-31 average)",
+             "the second-order (heavy-ball) ODE beats a first-order neural ODE",
+             "NORMAL 94.80 vs first-order NODE 94.01", 0.79, "accuracy", _NORMAL, _NORMAL_ABLATED["first-order"],
+             _OFFICE31, "Office-31, the recipe, NORMAL with the heavy-ball vs a first-order ODE, 3 seeds",
+             "Office-31 (not shipped): --data-dir DIR", "the ci scale is MultiMNIST with 3 epochs, not Office-31"),
 ]}
 
 
@@ -598,49 +865,126 @@ def result_path(results_dir: str | Path, key: str, scale: str) -> Path:
     return Path(results_dir) / (f"{key}.json" if scale == "ci" else f"{key}.{scale}.json")
 
 
-def reproduce(key: str, scale: str = "ci", results_dir: str | Path = RESULTS_DIR, device: str = "cpu",
-              work_dir: str | Path | None = None, overwrite: bool = False, progress: bool = True,
-              seeds: Sequence[int] | None = None, config_override: Mapping[str, Any] | None = None,
-              data_options: Mapping[str, Any] | None = None, command: str | None = None) -> dict[str, Any]:
-    """Run ``key`` at ``scale`` and write its result file (atomic); an existing one needs ``overwrite``.
-    ``seeds`` and ``config_override`` (merged over the scale's configuration) shrink a run for a test."""
+def resolve(key: str, scale: str = "ci", seeds: Sequence[int] | None = None,
+            config_override: Mapping[str, Any] | None = None) -> tuple[Claim, dict[str, Any], list[int]]:
+    """The claim ``key``, its configuration at ``scale`` (``config_override`` merged over it) and its seeds (the
+    scale's, or ``seeds``; only the first for a claim without seeds); bad input is one line."""
     claim = get(key)
     if scale not in SCALES:
         raise InvalidParameterError(f"--scale must be one of {', '.join(SCALES)}, got {scale!r}")
-    target = result_path(results_dir, key, scale)
-    if target.exists() and not overwrite:
-        raise InvalidParameterError(f"{target} exists; pass --overwrite to replace it")
     chosen = claim.scales[scale]
-    seed_list = list(chosen.seeds if seeds is None else seeds)
+    seed_list = [int(s) for s in (chosen.seeds if seeds is None else seeds)]
     if not seed_list:
         raise InvalidParameterError("--seeds is empty; give at least one seed")
+    if claim.no_seeds:  # a deterministic count: one value, whatever the seeds
+        seed_list = seed_list[:1]
     unknown = sorted(set(config_override or {}) - set(chosen.config))
     if unknown:
         raise InvalidParameterError(f"--set {', '.join(unknown)}: not a setting of {key} at scale {scale}; valid: "
                                     f"{', '.join(chosen.config)}")
-    config = {**dict(chosen.config), **dict(config_override or {})}
+    return claim, {**dict(chosen.config), **dict(config_override or {})}, seed_list
+
+
+def seedwise(claim: Claim) -> SeedwiseRunner:
+    """The claim's runner split by seed; a runner that measures its seeds together is refused (one line)."""
+    if not isinstance(claim.runner, SeedwiseRunner):
+        raise InvalidParameterError(f"claim {claim.key} measures its seeds together (its runner is not a "
+                                    f"SeedwiseRunner), so it has no per-seed pipeline; run `{claim.command('ci')}` "
+                                    "without --pipeline")
+    return claim.runner
+
+
+def _context(config: Mapping[str, Any], scale: str, device: str, work_dir: str | Path | None,
+             work_root: str | Path, progress: bool, data_options: Mapping[str, Any] | None) -> RunContext:
     # trained runs and bench scratch go to runs/ (git-ignored), never next to the result files
-    work = Path(work_dir) if work_dir else WORK_DIR / f"{scale}-{runs_digest(config, data_options)}"
-    work.mkdir(parents=True, exist_ok=True)
-    ctx = RunContext(work, device=device, progress=progress, data_options=dict(data_options or {}))
+    work = Path(work_dir) if work_dir else Path(work_root) / f"{scale}-{runs_digest(config, data_options)}"
+    return RunContext(work, device=device, progress=progress, data_options=dict(data_options or {}))
+
+
+def measure_seed(key: str, scale: str, seed: int, device: str = "cpu", work_dir: str | Path | None = None,
+                 work_root: str | Path = WORK_DIR, progress: bool = True,
+                 config_override: Mapping[str, Any] | None = None,
+                 data_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One seed of claim ``key`` at ``scale`` (a task of the ``reproduce`` pipeline's loop): the runner's part
+    for that seed with the wall and CPU seconds it took and the hardware it ran on. Runs go to ``work_dir``, by
+    default ``<work_root>/<scale>-<runs_digest>``, where a finished run is reused."""
+    claim, config, _ = resolve(key, scale, [seed], config_override)
+    runner = seedwise(claim)
+    ctx = _context(config, scale, device, work_dir, work_root, progress, data_options)
+    ctx.work_dir.mkdir(parents=True, exist_ok=True)
     started, cpu_started = time.perf_counter(), time.process_time()
-    measured = claim.runner(config, seed_list, ctx)
-    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+    part = runner.measure(config, int(seed), ctx)
+    return {"claim": key, "scale": scale, "seed": int(seed), "part": part,
+            "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,
+            "hardware": hardware(device)}
+
+
+def combine_seeds(key: str, scale: str, measured: Sequence[Mapping[str, Any]], device: str = "cpu",
+                  work_dir: str | Path | None = None, work_root: str | Path = WORK_DIR, progress: bool = True,
+                  config_override: Mapping[str, Any] | None = None, data_options: Mapping[str, Any] | None = None,
+                  command: str | None = None) -> dict[str, Any]:
+    """The result record of claim ``key`` (what :func:`reproduce` writes) from its seeds' :func:`measure_seed`
+    outputs, in seed order; its seconds are the seeds' and the combination's together."""
+    if not measured:
+        raise InvalidParameterError(f"claim {key}: no seed was measured; give at least one seed")
+    for item in measured:
+        if item["claim"] != key or item["scale"] != scale:
+            raise InvalidParameterError(f"a measured seed of {item['claim']} at scale {item['scale']} was given to "
+                                        f"{key} at scale {scale}")
+    claim, config, seed_list = resolve(key, scale, [m["seed"] for m in measured], config_override)
+    ctx = _context(config, scale, device, work_dir, work_root, progress, data_options)
+    started, cpu_started = time.perf_counter(), time.process_time()
+    result = seedwise(claim).combine(config, [m["part"] for m in measured], ctx)
+    seconds = sum(m["seconds"] for m in measured) + time.perf_counter() - started
+    cpu_seconds = sum(m["cpu_seconds"] for m in measured) + time.process_time() - cpu_started
+    return _record(claim, scale, config, seed_list, result, seconds, cpu_seconds, measured[0]["hardware"], command)
+
+
+def _record(claim: Claim, scale: str, config: Mapping[str, Any], seed_list: Sequence[int],
+            measured: Mapping[str, Any], seconds: float, cpu_seconds: float, hardware_info: Mapping[str, Any],
+            command: str | None) -> dict[str, Any]:
     verdict = judge(claim, measured["values"], measured.get("baseline"))
-    record = {
-        "schema": RESULT_SCHEMA, "claim": key, "paper": claim.paper, "source": claim.source,
+    return {
+        "schema": RESULT_SCHEMA, "claim": claim.key, "paper": claim.paper, "source": claim.source,
         "statement": claim.statement, "paper_text": claim.paper_text, "paper_value": claim.paper_value,
-        "rule": claim.rule, "metric": claim.metric, "scale": scale, "scale_description": chosen.description,
-        "config": config, "seeds": seed_list if not claim.no_seeds else [],
+        "rule": claim.rule, "metric": claim.metric, "scale": scale,
+        "scale_description": claim.scales[scale].description,
+        "config": dict(config), "seeds": list(seed_list) if not claim.no_seeds else [],
         "values": [float(v) for v in measured["values"]],
         "baseline_values": [float(v) for v in measured.get("baseline", [])] or None,
         **verdict, "details": measured.get("details", {}),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         # wall clock and this process's CPU time: on a shared machine the wall clock also counts the others
         "seconds": round(seconds, 1), "cpu_seconds": round(cpu_seconds, 1),
-        "load_average": list(os.getloadavg()), "hardware": hardware(device),
+        "load_average": list(os.getloadavg()), "hardware": dict(hardware_info),
         "command": command or claim.command(scale),
     }
+
+
+def reproduce(key: str, scale: str = "ci", results_dir: str | Path = RESULTS_DIR, device: str = "cpu",
+              work_dir: str | Path | None = None, overwrite: bool = False, progress: bool = True,
+              seeds: Sequence[int] | None = None, config_override: Mapping[str, Any] | None = None,
+              data_options: Mapping[str, Any] | None = None, command: str | None = None) -> dict[str, Any]:
+    """Run ``key`` at ``scale`` and write its result file (atomic); an existing one needs ``overwrite``.
+    ``seeds`` and ``config_override`` (merged over the scale's configuration) shrink a run for a test. A
+    :class:`SeedwiseRunner` runs as :func:`measure_seed` per seed then :func:`combine_seeds`: the steps of the
+    ``reproduce`` pipeline, so both write the same result."""
+    claim, config, seed_list = resolve(key, scale, seeds, config_override)
+    target = result_path(results_dir, key, scale)
+    if target.exists() and not overwrite:
+        raise InvalidParameterError(f"{target} exists; pass --overwrite to replace it")
+    if isinstance(claim.runner, SeedwiseRunner):
+        options = {"device": device, "work_dir": work_dir, "progress": progress, "config_override": config_override,
+                   "data_options": data_options}
+        measured = [measure_seed(key, scale, seed, **options) for seed in seed_list]
+        record = combine_seeds(key, scale, measured, command=command, **options)
+    else:
+        ctx = _context(config, scale, device, work_dir, WORK_DIR, progress, data_options)
+        ctx.work_dir.mkdir(parents=True, exist_ok=True)
+        started, cpu_started = time.perf_counter(), time.process_time()
+        measured_all = claim.runner(config, seed_list, ctx)
+        record = _record(claim, scale, config, seed_list, measured_all, time.perf_counter() - started,
+                         time.process_time() - cpu_started, hardware(device), command)
     atomic.write_json(target, record)
     return record
 
@@ -718,13 +1062,16 @@ def ledger_markdown(results_dir: str | Path = RESULTS_DIR) -> str:
              "mtlflow reproduce --list                       # the registered claims",
              "mtlflow reproduce asmg-synthetic --scale ci    # writes docs/research/claims/asmg-synthetic.json",
              "mtlflow reproduce cost-nyuv2 --scale paper --device cuda --data-dir /data/nyuv2 --out results/",
+             "mtlflow reproduce asmg-synthetic --pipeline --local   # the same runs as a pipeline (kfp.local)",
              "make claims-ledger                             # this page, from the stored result files",
              "```", "",
              "The time column is the measured time of `--scale ci` on this machine (wall clock and the process's "
              "CPU time; the machine is shared, so the wall clock is the larger). Trained runs are kept under "
              "`runs/claims/` and reused by a re-run of the same configuration; an existing result file is replaced "
              "only with `--overwrite`. `--set KEY=VALUE` changes one setting of the scale (a quick check). The same "
-             "runs as a Kubeflow pipeline (`--pipeline`) are not implemented yet.", "",
+             "runs as a Kubeflow pipeline, one task per seed: `mtlflow reproduce CLAIM --pipeline --local` (kfp.local, "
+             "the same result file, value for value), `--compile FILE` or `--host URL` (with `--device cuda` every "
+             "seed task asks for a GPU; see [the Kubeflow guide](../guides/kubeflow.md)).", "",
              "| " + " | ".join(LEDGER_HEADER) + " |", "|" + "---|" * len(LEDGER_HEADER)]
     for claim in CLAIMS.values():
         lines.append("| " + " | ".join(_cell(c) for c in ledger_row(claim, records.get(claim.key))) + " |")

@@ -158,3 +158,71 @@ def test_claims_share_runs_only_where_a_label_means_the_same_method_setting():
     assert claims.runs_digest(ci) == claims.runs_digest(claims.get("ldcmtl-celeba").scales["ci"].config)
     assert claims.runs_digest(ci) != claims.runs_digest(ci, {"mnist_dir": "/elsewhere"})
     assert claims.runs_digest(ci) != claims.runs_digest({**ci, "train": {"epochs": 4}})
+
+
+# COST's ablation claims -> (row of `mtlflow ablate cost` the claim's method is, row its baseline is)
+COST_ABLATION_ROWS = {"cost-ablation-no-lt": ("full", "no-lt"), "cost-ablation-no-lg": ("full", "no-lg"),
+                      "cost-ablation-no-htr": ("full", "no-htr"), "cost-adapter-lora": ("adapter-lora", "adapter-loha"),
+                      "cost-trigger-dominated": ("trigger-dominated", "trigger-weak")}
+
+
+def test_cost_ablation_claims_train_the_rows_of_the_ablation_table():
+    # a ledger row of Tables 4, 7, 8 compares the same two COST settings as `mtlflow ablate cost`'s table
+    # (paper scale: components with the dominated trigger; ci: with the weak one, `ablate cost --trigger weak`),
+    # compared as resolved COST options, so a default written out or left implicit is the same setting
+    from mtlflow.experiments.cost_ablation import ablation_rows
+    from mtlflow.teleport.options import CostOptions
+
+    def resolved(options):
+        return CostOptions.from_mapping(options or {}).resolved().as_dict()
+
+    for scale, component_trigger in (("paper", "dominated"), ("ci", "weak")):
+        rows = {r.key: r for r in ablation_rows("fairgrad", component_trigger)}
+        for key, (method_row, baseline_row) in COST_ABLATION_ROWS.items():
+            config = claims.get(key).scales[scale].config
+            for side, row in (("method", method_row), ("baseline", baseline_row)):
+                spec = config[side]
+                assert (spec["method"], spec["teleport"]) == ("fairgrad", "cost"), (key, side)
+                assert resolved(spec.get("teleport_options")) == resolved(rows[row].options), (key, scale, side)
+            assert resolved(config["method"].get("teleport_options")) != resolved(config["baseline"].get(
+                "teleport_options")), key
+
+
+def test_normal_ablation_claims_change_only_the_ablated_choice():
+    # thesis Table 5.4: each baseline is NORMAL with one choice changed (two for constant-but-different positions:
+    # positions fixed and set per task), the method is NORMAL at its defaults
+    from mtlflow.models.normal import resolve_options
+
+    changed = {"normal-ablation-fixed-positions": {"learn_positions"},
+               "normal-ablation-exp-positions": {"position_param"}, "normal-ablation-first-order": {"order"},
+               "normal-ablation-different-positions": {"learn_positions", "initial_positions"}}
+    defaults = resolve_options({})
+    for key, options in changed.items():
+        for scale in claims.SCALES:
+            config = claims.get(key).scales[scale].config
+            assert config["method"]["architecture"] == config["baseline"]["architecture"] == "normal"
+            assert resolve_options(dict(config["method"].get("architecture_options", {}))) == defaults
+            ablated = resolve_options(dict(config["baseline"]["architecture_options"]))
+            assert {k for k in defaults if ablated[k] != defaults[k]} == options, (key, scale)
+    tasks = {"paper": 3, "ci": 2}  # Office-31's three domains, MultiMNIST's two digits: one position per task
+    for scale, n in tasks.items():
+        options = claims.get("normal-ablation-different-positions").scales[scale].config["baseline"]
+        assert len(set(options["architecture_options"]["initial_positions"])) == n
+
+
+def test_every_seed_paper_table_of_the_issue_has_a_row():
+    # issue 31's list: COST's gains and ablations (Tables 1-8), PaLoRA's Table 4 against LS and PaMaL, LDC-MTL's
+    # tables (CelebA, QM9, Cityscapes, NYU-v2), the thesis' Table 3.2 (MOML and MoCo), Tables 5.1-5.4
+    expected = {"cost-cityscapes", "cost-nyuv2", "cost-celeba", "cost-ablation-no-lt", "cost-ablation-no-lg",
+                "cost-ablation-no-htr", "cost-trigger-dominated", "cost-adapter-lora", "cost-plugin-cagrad",
+                "cost-plugin-nashmtl", "cost-plugin-cagrad-nyuv2", "palora-multimnist-accuracy",
+                "palora-multimnist-accuracy-pamal", "ldcmtl-celeba", "ldcmtl-qm9", "ldcmtl-cityscapes",
+                "ldcmtl-nyuv2", "forum-hypercleaning", "forum-hypercleaning-moco", "normal-office31",
+                "normal-officehome", "normal-nyuv2", "normal-celeba", "normal-ablation-fixed-positions",
+                "normal-ablation-different-positions", "normal-ablation-exp-positions", "normal-ablation-first-order"}
+    assert expected <= set(claims.CLAIMS)
+    for key in expected:  # data the machine lacks is named with the option that points at it
+        claim = claims.get(key)
+        benchmark = claim.scales["paper"].config["benchmark"]
+        if benchmark in ("cityscapes", "nyuv2", "celeba", "office31", "officehome"):
+            assert claim.data and "--data-dir" in claim.data, key
