@@ -16,7 +16,7 @@ Caching: ``prepare_data`` is never cached -- its DVC remote (and credentials) co
 ``mtlflow-dvc-remote`` Secret, which is not part of a KFP cache key, and a cache hit would skip the
 push to a newly configured remote. Its output is a new artifact in every run, so KFP's cache does not
 hit downstream of it either; the reuse of finished trainings is the run key's on the checkpoints PVC.
-The exit handler and ``aggregate`` push to the Pushgateway and are not cached either.
+The exit handler, ``train`` and ``aggregate`` push to the Pushgateway and are not cached either.
 """
 
 from typing import List
@@ -63,11 +63,15 @@ def training(layout: StorageLayout, data, run_spec, epochs, train_options, pushg
              pipeline_name: str = "") -> dsl.PipelineTask:
     """One GPU training task that checkpoints to (and resumes from) the checkpoints volume -- in the
     directory of its inputs' run key, shared by every pipeline run with the same inputs -- and pushes its
-    telemetry to ``pushgateway`` (empty: off) labelled ``pipeline=pipeline_name`` and ``run=<run key>``.
-    No run id among its inputs, so its cache key depends on its inputs only."""
+    telemetry to ``pushgateway`` (empty: off) labelled ``pipeline=pipeline_name`` and ``run=<run key>``, grouped
+    also by ``pipeline_run=<this pipeline run's name>`` so that the exit handler deletes exactly this run's
+    groups. Not cached: it takes the run's name and pushes (a cache hit would push nothing), and KFP's cache would
+    not hit anyway, prepare_data's output being new in every run; the reuse of a finished training across
+    pipeline runs is the run key's on the checkpoints volume, which leaves the run's name out."""
     task = train(data=data, run_spec=run_spec, epochs=epochs, train_options=train_options,
-                 checkpoint_root=layout.checkpoints, pushgateway=pushgateway, pipeline_name=pipeline_name)
-    return cluster.gpu_training(task, layout)
+                 checkpoint_root=layout.checkpoints, pushgateway=pushgateway, pipeline_name=pipeline_name,
+                 pipeline_run=dsl.PIPELINE_JOB_NAME_PLACEHOLDER)
+    return cluster.uncached(cluster.gpu_training(task, layout))
 
 
 def build_benchmark_sweep(parallelism: int = PARALLELISM, storage_root: str = CLUSTER_ROOT):

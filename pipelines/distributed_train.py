@@ -61,6 +61,7 @@ def build_distributed_train(parallelism: int = PARALLELISM, storage_root: str = 
                                   train_options=train_options, storage_root=layout.root, kind=job_kind,
                                   num_nodes=num_nodes, gpus_per_node=gpus_per_node, image=IMAGE,
                                   run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, pushgateway=pushgateway,
+                                  pipeline_run=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
                                   timeout_seconds=profile.trainjob.deadline_seconds,
                                   profile=profile.model_dump(mode="json", exclude_none=True))
             job.set_display_name("launch multi-GPU training job")

@@ -55,3 +55,36 @@ def test_unknown_confusion_task_is_rejected(tiny_runs, tiny_dataset, tmp_path):
     with pytest.raises(InvalidParameterError, match="valid: left, right"):
         evaluate.python_func(data=data, run=tiny_runs["ls"]["run"], split="test", confusion_task="middle",
                              **_outputs(tmp_path))
+
+
+def test_a_sweep_run_keeps_its_per_example_test_errors_and_the_aggregate_pairs_them(tiny_runs, tiny_dataset,
+                                                                                    tmp_path):
+    """The train step keeps each method run's test evaluation with every example's error in the run artifact
+    (what the aggregate reads); its metrics are the evaluate component's, and the aggregate's comparisons of
+    two methods pair over those examples."""
+    from mtlflow import jobs
+    from mtlflow.metrics.evaluation import read_examples
+
+    data, _ = tiny_dataset
+    for name in ("ls", "mgda"):
+        run_dir = Path(tiny_runs[name]["run"].path)
+        kept = json.loads((run_dir / jobs.split_evaluation_name("test")).read_text())
+        assert kept["split"] == "test" and kept["per_example"]["examples"] == 64
+        errors = read_examples(run_dir / kept["per_example"]["file"])
+        out = _outputs(tmp_path / name)
+        (tmp_path / name).mkdir()
+        evaluate.python_func(data=data, run=tiny_runs[name]["run"], split="test", **out)
+        evaluated = json.loads(Path(out["evaluation"].path).read_text())["metrics"]
+        for task in ("left", "right"):
+            assert kept["metrics"][task] == evaluated[task]
+            assert 1 - errors[task]["error"].mean() == pytest.approx(evaluated[task]["acc"], abs=1e-12)
+    runs = [jobs.read_run(tiny_runs[name]["run"].path) for name in ("ls", "mgda")]
+    paired = jobs.summarise(runs, [], paper_references=False)["methods"]["mgda"]["versus"]["ls"]["paired"]
+    assert paired["available"] and paired["n"] == 64 and paired["seeds"] == [1, 1]
+    # the aggregate step hands the paired verdict to the Kubeflow UI with the verdict over seeds
+    from mtlflow.jobs import pipeline_steps
+
+    outcome = pipeline_steps.aggregate([tiny_runs[n]["run"].path for n in ("ls", "mgda")], [], ["ls", "mgda"],
+                                       str(tmp_path / "results"), str(tmp_path / "report.html"),
+                                       str(tmp_path / "summary.md"))
+    assert outcome["metadata"]["paired_verdicts_vs_ls"] == {"mgda": paired["combined"]["verdict"]}

@@ -11,7 +11,7 @@ def launch_trainjob(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, tr
                     storage_root: str, run: dsl.Output[dsl.Artifact], model: dsl.Output[dsl.Model],
                     kind: str = "TrainJob", num_nodes: int = 1, gpus_per_node: int = 2, image: str = "",
                     namespace: str = "", timeout_seconds: int = 86400, run_id: str = "", profile: dict = {},
-                    pushgateway: str = ""):
+                    pushgateway: str = "", pipeline_run: str = ""):
     """Stage the dataset on the data PVC, submit the job (``kind`` TrainJob or PyTorchJob) in
     ``namespace`` (default: the profile's, else this pod's), wait for it, then copy the run directory
     from the checkpoints PVC to ``run``.
@@ -24,7 +24,8 @@ def launch_trainjob(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, tr
     profile the pipeline was compiled with (node selector, tolerations, UID/fsGroup, pull Secrets,
     CPU/memory per GPU; ``{}``: the defaults). ``train_options["batch_size"]`` is per process: the
     global batch is ``num_nodes x gpus_per_node x batch_size``. ``pushgateway`` (empty: off): the job's
-    rank 0 pushes its epoch telemetry there, as a training task does.
+    rank 0 pushes its epoch telemetry there, as a training task does, grouped also by ``pipeline_run`` (the
+    pipeline run's name, by which the pipeline's exit handler deletes the group when the run ends).
 
     A cancelled run does not leave the job holding its GPUs: the job is owned by this pod (deleted with it
     by the garbage collector), is deleted by this launcher when it is terminated (SIGTERM), and stops at
@@ -60,16 +61,18 @@ def launch_trainjob(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, tr
     job = k8s_jobs.DistributedTraining(
         name=k8s_jobs.job_name(key), image=image,
         namespace=namespace or cluster_profile.namespace or k8s_jobs.current_namespace(),
-        command=k8s_jobs.train_command(str(staged), str(work_dir), run_spec, epochs, train_options, pushgateway),
+        command=k8s_jobs.train_command(str(staged), str(work_dir), run_spec, epochs, train_options, pushgateway,
+                                       pipeline_run),
         num_nodes=num_nodes, gpus_per_node=gpus_per_node, profile=cluster_profile, timeout_seconds=timeout_seconds,
         volumes=tuple(k8s_jobs.Volume(claim, layout.mount(claim)) for claim in ("mtlflow-data", "mtlflow-checkpoints")),
         run_id=run_id)
     manifest = k8s_jobs.build_manifest(kind, job)  # checks the kind and the job before any request
+    # said before the first request, so the log shows what was to run when the cluster's API refuses
+    print(f"submitting {kind} {job.namespace}/{job.name}: {' '.join(job.command)}")
     api = k8s_jobs.custom_objects_api()
     owner = k8s_jobs.launcher_owner(k8s_jobs.core_api(), job.namespace)
     if owner:
         manifest = k8s_jobs.build_manifest(kind, dataclasses.replace(job, owner=owner))
-    print(f"submitting {kind} {job.namespace}/{job.name}: {' '.join(job.command)}")
     with k8s_jobs.deleted_on_termination(manifest, api):
         k8s_jobs.run_job(manifest, api, timeout_seconds=timeout_seconds)
     shutil.copytree(work_dir, run.path, ignore=shutil.ignore_patterns("checkpoint.pt"), dirs_exist_ok=True)

@@ -9,7 +9,7 @@ from mtlflow.components.image import IMAGE
 def train(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, train_options: dict,
           run: dsl.Output[dsl.Artifact], model: dsl.Output[dsl.Model], metrics: dsl.Output[dsl.Metrics],
           report: dsl.Output[dsl.HTML], summary: dsl.Output[dsl.Markdown],
-          checkpoint_root: str = "", pushgateway: str = "", pipeline_name: str = ""):
+          checkpoint_root: str = "", pushgateway: str = "", pipeline_name: str = "", pipeline_run: str = ""):
     """Train the run described by ``run_spec`` (JSON from plan_runs/plan_references/plan_run).
 
     Refuses to train when the data's SHA-256 content hash or DVC hash differs from the ones recorded
@@ -30,8 +30,9 @@ def train(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, train_option
     wraps the method, except in single-task references.
 
     With ``pushgateway`` (else ``$MTLFLOW_PUSHGATEWAY`` of the pod; neither: off) the epoch telemetry is
-    pushed to that Prometheus Pushgateway, labelled with ``pipeline_name`` and the run key (``run``); a
-    push failure only logs a warning. A reused run pushes nothing.
+    pushed to that Prometheus Pushgateway, labelled with ``pipeline_name`` and the run key (``run``), grouped
+    also by ``pipeline_run`` (the pipeline run's name: the pipeline's exit handler deletes the group by it when
+    the run ends); a push failure only logs a warning. A reused run pushes nothing.
     """
     import json
     import os
@@ -39,7 +40,8 @@ def train(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, train_option
     from mtlflow.jobs import pipeline_steps
 
     result = pipeline_steps.train(data.path, dict(data.metadata), run.path, model.path, report.path, summary.path,
-                                  run_spec, epochs, train_options, checkpoint_root, pushgateway, pipeline_name)
+                                  run_spec, epochs, train_options, checkpoint_root, pushgateway, pipeline_name,
+                                  pipeline_run)
     with open(os.path.join(run.path, "run.json")) as fh:
         training = json.load(fh).get("training")  # absent from a reused run trained before it was recorded
     for artifact in (run, model):

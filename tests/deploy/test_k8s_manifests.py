@@ -453,7 +453,11 @@ def test_trainjob_rank_0_pushes_to_the_pushgateway():
     assert trainer_command[:4] == ["torchrun", "-m", "mtlflow", "train"]
     args = build_parser().parse_args(trainer_command[3:])
     assert args.pushgateway == gateway and args.out == "/mnt/mtlflow/checkpoints/runs/k"
+    assert args.pipeline_run is None  # no pipeline run given: no grouping label
     assert "--pushgateway" not in k8s_jobs.train_command("/d", "/o", SPEC, 2, {"batch_size": 8})
+    # issue 30, item 9: the pipeline run's name reaches rank 0's grouping key, for the exit handler to delete it
+    named = k8s_jobs.train_command("/d", "/o", SPEC, 2, {"batch_size": 8}, gateway, pipeline_run="sweep-1")
+    assert build_parser().parse_args(named[3:]).pipeline_run == "sweep-1"
 
 
 @pytest.mark.parametrize("env", ["dev", "prod"])

@@ -78,19 +78,25 @@ def _constants(task):
 @pytest.mark.parametrize("name", ["benchmark_sweep", "retrain"])
 def test_cached_tasks_are_keyed_by_their_inputs_and_the_data_step_is_not_cached(compiled, name):
     """KFP reuses a succeeded task whose inputs are the same: a cached task must not take a value that
-    changes with every pipeline run, or it is never reused (the old ``train`` took the run id)."""
+    changes with every pipeline run, or it is never reused. ``train`` takes the run's name (the grouping key
+    its exit handler deletes its Pushgateway groups by, issue 30 item 9) and is not cached: its reuse across
+    runs is the run key's on the checkpoints volume."""
     all_tasks = tasks(compiled[name]["ir"])
     cached = {n: t for n, t in all_tasks.items() if caching(t)}
-    assert "train" in cached
     assert {n: c for n, t in cached.items() for c in _constants(t) if RUN_PLACEHOLDER in str(c)} == {}
     assert set(all_tasks["train"]["inputs"]["parameters"]) == {"run_spec", "epochs", "train_options",
-                                                               "checkpoint_root", "pushgateway", "pipeline_name"}
+                                                               "checkpoint_root", "pushgateway", "pipeline_name",
+                                                               "pipeline_run"}
+    # the training groups carry the same run name as the exit handler's job_name
+    run_name = all_tasks["record-status"]["inputs"]["parameters"]["job_name"]["runtimeValue"]["constant"]
+    assert all_tasks["train"]["inputs"]["parameters"]["pipeline_run"]["runtimeValue"]["constant"] == run_name == \
+        "{{$.pipeline_job_name}}"
     assert set(all_tasks["train"]["inputs"]["artifacts"]) == {"data"}
     # the DVC remote comes from a Secret that no cache key sees, and pushing is a side effect: never cached
     assert not caching(all_tasks["prepare-data"])
     # the steps that take the run's name push it to the Pushgateway and record it: never cached
     takes_run = {n for n, t in all_tasks.items() if any(RUN_PLACEHOLDER in str(c) for c in _constants(t))}
-    assert "record-status" in takes_run and not any(caching(all_tasks[n]) for n in takes_run)
+    assert {"record-status", "train"} <= takes_run and not any(caching(all_tasks[n]) for n in takes_run)
     if name == "benchmark_sweep":
         assert all_tasks["aggregate"]["inputs"]["parameters"]["run_name"]["runtimeValue"]["constant"] == \
             "{{$.pipeline_job_name}}"
@@ -129,7 +135,7 @@ def test_retrain_promotes_only_if_better_and_never_from_cache(compiled):
     assert condition["triggerPolicy"]["condition"] == \
         "inputs.parameter_values['pipelinechannel--compare-to-champion-Output'] == true"
     assert not caching(all_tasks["compare-to-champion"]) and not caching(all_tasks["promote"])
-    assert caching(all_tasks["train"]) and not caching(all_tasks["prepare-data"])
+    assert not caching(all_tasks["train"]) and not caching(all_tasks["prepare-data"])
     for executor in ("exec-compare-to-champion", "exec-promote"):
         assert [m["mountPath"] for m in k8s[executor]["pvcMount"]] == [f"{CLUSTER_ROOT}/models"]
     assert all_tasks["promote"]["inputs"]["parameters"]["model_store"]["runtimeValue"]["constant"] == \
@@ -145,6 +151,10 @@ def test_distributed_pipeline_launches_a_job_with_both_volumes(compiled):
     assert sorted(m["constant"] for m in k8s["exec-launch-trainjob"]["pvcMount"]) == ["mtlflow-checkpoints",
                                                                                      "mtlflow-data"]
     assert launch["inputs"]["parameters"]["run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
+    # rank 0's training group carries the run's name, which the exit handler deletes it by (issue 30, item 9)
+    status = tasks(ir)["record-status"]["inputs"]["parameters"]["job_name"]["runtimeValue"]["constant"]
+    assert launch["inputs"]["parameters"]["pipeline_run"]["runtimeValue"]["constant"] == status == \
+        "{{$.pipeline_job_name}}"
     # the launcher itself needs no GPU: the TrainJob's nodes request them
     assert "accelerator" not in ir["deploymentSpec"]["executors"]["exec-launch-trainjob"]["container"]["resources"]
 

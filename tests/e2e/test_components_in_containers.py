@@ -9,6 +9,7 @@ kfp 2.17.0's DockerRunner counts a container that was auto-removed before its ex
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -30,18 +31,35 @@ def demo_tasks(params: dict[str, Any]) -> int:
     return 3 + runs + references + runs + 2
 
 
-def container_exit_codes(label: dict[str, str], since: float) -> list[int]:
-    """Exit codes of the containers carrying ``label`` that stopped since ``since``, from the daemon's events."""
-    import docker
+class ContainerExitCodes:
+    """Exit codes of the containers carrying ``label``, read from the Docker daemon's event stream while the pipeline
+    runs. Reading the events afterwards (``since``/``until``) is not enough: the daemon keeps only its last 256
+    events, and a 35-task sweep's containers produce more, so the first containers' exits were lost."""
 
-    client = docker.from_env()
-    try:
+    def __init__(self, label: dict[str, str]):
+        import docker
+
         ((key, value),) = label.items()
-        events = client.events(since=int(since) - 1, until=int(time.time()) + 1, decode=True,
-                               filters={"type": "container", "event": "die", "label": f"{key}={value}"})
-        return [int(event["Actor"]["Attributes"]["exitCode"]) for event in events]
-    finally:
-        client.close()
+        self.client = docker.from_env()
+        self.stream = self.client.events(decode=True, filters={"type": "container", "event": "die",
+                                                                "label": f"{key}={value}"})
+        self.codes: list[int] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        try:
+            for event in self.stream:
+                self.codes.append(int(event["Actor"]["Attributes"]["exitCode"]))
+        except Exception:  # the stream closed by stop()
+            pass
+
+    def stop(self) -> list[int]:
+        time.sleep(2)  # the last container's "die" event reaches the stream after kfp.local has read its status
+        self.stream.close()
+        self.reader.join(timeout=10)
+        self.client.close()
+        return self.codes
 
 
 def run_in_containers(pipeline_func: Callable, params: dict[str, Any], artifacts: Path,
@@ -50,12 +68,14 @@ def run_in_containers(pipeline_func: Callable, params: dict[str, Any], artifacts
     kfp.local's error ("" when it reported success)."""
     local.init(runner=local.DockerRunner(**STRICT_RUN, labels=label), pipeline_root=str(artifacts),
                raise_on_error=True)
-    started, error = time.time(), ""
+    error = ""
+    exits = ContainerExitCodes(label)
     try:
         pipeline_func(**params)
     except RuntimeError as exc:  # kfp.local's "finished with status FAILURE"
         error = str(exc)
-    codes = container_exit_codes(label, started)
+    finally:
+        codes = exits.stop()
     run_dir = max((p for p in artifacts.iterdir() if p.name.startswith(pipeline_func.component_spec.name + "-")),
                   key=lambda p: p.stat().st_mtime)
     return run_dir, codes, error

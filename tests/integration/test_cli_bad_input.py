@@ -282,6 +282,13 @@ def bad_cell(table: Path) -> None:
      ["spec.yaml:12: model.factory: json:dumps", "function(spec, schema)"]),
     ("factory returning no model", "model:\n  factory: operator:is_\n", None, "train",
      ["operator:is_ returned a bool, not a mtlflow.models.MultiTaskModel"]),
+    # issue 29, item 9: prepare builds the factory's model on the prepared schema as its last step
+    ("factory returning no model at prepare", "model:\n  factory: operator:is_\n", None, "prepare",
+     ["spec.yaml:12: model.factory: operator:is_ returned a bool, not a mtlflow.models.MultiTaskModel"]),
+    ("factory of another signature at prepare", "model:\n  factory: json:dumps\n", None, "prepare",
+     ["spec.yaml:12: model.factory: json:dumps", "function(spec, schema)"]),
+    ("factory that raises at prepare", "model:\n  factory: operator:truediv\n", None, "prepare",
+     ["spec.yaml:12: model.factory: operator:truediv raised TypeError", "fix the factory"]),
     ("a width of 1e12", "model:\n  hidden: [1000000000000]\n", None, "prepare", ["spec.yaml:12: model.hidden", "65536"]),
     ("3.6e9 hidden weights", "model:\n  hidden: [60000, 60000]\n", None, "prepare", ["model.hidden", "budget"]),
     ("unknown train: key", "train:\n  epohcs: 3\n", None, "train",
@@ -296,10 +303,14 @@ def bad_cell(table: Path) -> None:
       "the column under features.categorical"]),
     ("all-missing label", "", blank_column("a"), "prepare",
      ["tasks[0].name: class column 'a' has no labels: every cell is empty"]),
+    ("non-numeric cell through train", "", bad_cell, "train",
+     ["spec.yaml:10: features.numeric[1]: feature 'x2'"]),
+    ("all-missing label through train", "", blank_column("a"), "train", ["class column 'a' has no labels"]),
 ])
 def test_spec_fields_are_refused_in_one_line(case: str, text: str, edit: Callable[[Path], None] | None, command: str,
                                              expected: list[str], tmp_path: Path) -> None:
-    """Through `train --spec` (prepared into the cache first) the errors keep the spec's FILE:LINE too."""
+    """Through `train --spec` (prepared into the cache first) the errors keep the spec's FILE:LINE too, and the
+    refusal is the only line: the spec is checked before "preparing ... into the cache" (issue 29, item 11)."""
     spec = write_spec(tmp_path, text)
     if edit is not None:
         edit(tmp_path / "table.csv")
@@ -310,7 +321,7 @@ def test_spec_fields_are_refused_in_one_line(case: str, text: str, edit: Callabl
         proc = run_cli("prepare", "--spec", str(spec), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2, (case, proc.stderr)
     assert "Traceback" not in proc.stderr, case
-    line = stderr_lines(proc)[-1]  # `train --spec` says first that it prepares the data into the cache
+    (line,) = stderr_lines(proc)
     for part in expected:
         assert part in line, (case, line)
     assert not (tmp_path / "out").exists(), case

@@ -133,8 +133,10 @@ class SpecBenchmark(Benchmark):
     def check_source(self) -> None:
         """Read the table and run prepare's checks of labels, split and features, writing nothing: what a
         pipeline runs before it starts, so that a bad spec is refused at once (exit 2) rather than inside a task.
-        (The SMILES of a molecule table and the files of an image table are checked by prepare itself.)"""
+        (The SMILES of a molecule table and the files of an image table are checked by prepare itself, and so is
+        the type of what ``model.factory`` returns: it is called on the prepared schema.)"""
         self._check_weights()
+        self._factory_function()
         table = read_source(self.spec).table
         if self.spec.modality == "images":
             from mtlflow.benchmarks._spec.tables import column
@@ -144,9 +146,10 @@ class SpecBenchmark(Benchmark):
             from mtlflow.benchmarks._spec.tables import column
 
             column(table, self.spec.source.smiles, location_of(self.spec), ("source", "smiles"))
-        _, codes, _, _ = self._labels_and_split(table)
-        if self.spec.modality == "table":
-            encode_features(self.spec, table, codes == 0)
+        labels, codes, _, statistics = self._labels_and_split(table)
+        if self.spec.modality == "table":  # its schema is known without writing: the factory's model is built too
+            _, features = encode_features(self.spec, table, codes == 0)
+            self._check_factory({**self._schema(table, labels, statistics), "features": features})
 
     def _check_weights(self) -> None:
         """A resnet's weights file is loaded into the trunk at prepare, so that a wrong file is refused there
@@ -170,9 +173,17 @@ class SpecBenchmark(Benchmark):
                       for i, t in enumerate(spec.tasks) if t.type == "regression"}
         return labels, codes, counts, statistics
 
+    def _schema(self, table: Any, labels: dict[str, Any], statistics: dict[str, Any]) -> dict[str, Any]:
+        """``schema.json`` without the features' part: rows, the tasks' encodings, the regression statistics."""
+        return {"modality": self.spec.modality, "rows": int(table.num_rows),
+                "tasks": [{"name": t.name, "type": t.type, **labels[t.name].info} for t in self.spec.tasks],
+                "target_statistics": statistics,
+                "hv_reference": {name: 2 * s["std"] for name, s in statistics.items()}}
+
     def write_data(self, out_dir: Path) -> dict[str, Any]:
         spec, where = self.spec, location_of(self.spec)
         self._check_weights()
+        self._factory_function()
         source = read_source(spec)
         table, skipped = source.table, 0
         if spec.modality == "molecules":
@@ -183,13 +194,7 @@ class SpecBenchmark(Benchmark):
             table, skipped = write_images(spec, table, out_dir)
         labels, codes, counts, statistics = self._labels_and_split(table)
         train = codes == 0
-        schema: dict[str, Any] = {
-            "modality": spec.modality,
-            "rows": int(table.num_rows),
-            "tasks": [{"name": t.name, "type": t.type, **labels[t.name].info} for t in spec.tasks],
-            "target_statistics": statistics,
-            "hv_reference": {name: 2 * s["std"] for name, s in statistics.items()},
-        }
+        schema = self._schema(table, labels, statistics)
         label_matrix = [labels[t.name].values for t in spec.tasks]
         if spec.modality == "molecules":
             from mtlflow.benchmarks._graphs import GRAPHS_FILE, pack_graphs
@@ -206,6 +211,7 @@ class SpecBenchmark(Benchmark):
                 np.save(out_dir / "features.npy", features)
             np.savez(out_dir / "labels.npz", **{f"task{i}": v for i, v in enumerate(label_matrix)})
         np.save(out_dir / "split.npy", codes)
+        self._check_factory(schema)  # last (it needs the schema): out_dir is prepare's temporary folder, dropped
         (out_dir / SCHEMA_FILE).write_text(json.dumps(schema, indent=2) + "\n")
         skipped_rows = {"images": {"missing_images_skipped": skipped},
                         "molecules": {"invalid_smiles_skipped": skipped},
@@ -335,7 +341,26 @@ class SpecBenchmark(Benchmark):
         info = next(t for t in self.schema["tasks"] if t["name"] == task)
         return len(info.get("classes") or info.get("labels") or [None])
 
-    def _model_from_factory(self, names: list[str]) -> MultiTaskModel:
+    def _check_factory(self, schema: dict[str, Any]) -> None:
+        """Build the ``model.factory``'s model for every task on the prepared ``schema``, so that a factory that
+        returns no MultiTaskModel (or other heads) is refused by prepare, not by the first train."""
+        if self.spec.model.factory is None:
+            return
+        previous = self.config.get("schema")
+        self.config["schema"] = schema
+        try:
+            self._model_from_factory([t.name for t in self.spec.tasks])
+        finally:  # the manifest records the configuration as given
+            if previous is None:
+                del self.config["schema"]
+            else:
+                self.config["schema"] = previous
+
+    def _factory_function(self) -> Any:
+        """The ``model.factory`` function, imported and checked to be callable as function(spec, schema); None
+        without a factory."""
+        if self.spec.model.factory is None:
+            return None
         where = location_of(self.spec)
         module_name, _, function_name = self.spec.model.factory.partition(":")
         try:
@@ -344,15 +369,24 @@ class SpecBenchmark(Benchmark):
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__
             raise where.error(("model", "factory"), f"cannot import {self.spec.model.factory} ({reason}); fix the "
                                                     "module path or install the package") from None
-        arguments = (self.spec, {**self.schema, "selected_tasks": names})
         try:
-            inspect.signature(function).bind(*arguments)
+            inspect.signature(function).bind(self.spec, {})
         except (TypeError, ValueError):  # not callable as function(spec, schema), or no signature to tell
             raise where.error(("model", "factory"), f"{self.spec.model.factory} is {described(function)}, which "
                                                     "cannot be called as function(spec, schema); name a function "
                                                     "that takes (spec, schema) and returns a "
                                                     "mtlflow.models.MultiTaskModel") from None
-        model = function(*arguments)
+        return function
+
+    def _model_from_factory(self, names: list[str]) -> MultiTaskModel:
+        where = location_of(self.spec)
+        function = self._factory_function()
+        try:
+            model = function(self.spec, {**self.schema, "selected_tasks": names})
+        except Exception as exc:  # the user's code may raise anything; say where it came from, in one line
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__
+            raise where.error(("model", "factory"), f"{self.spec.model.factory} raised {reason} while building "
+                                                    "the model; fix the factory") from None
         if not isinstance(model, MultiTaskModel):
             raise where.error(("model", "factory"), f"{self.spec.model.factory} returned {described(model)}, not a "
                                                     "mtlflow.models.MultiTaskModel; make it return one (a trunk with "

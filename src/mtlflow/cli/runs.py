@@ -47,11 +47,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.out is None:
         raise InvalidParameterError("give --out DIR, the run directory")
     gateway = resolve_pushgateway(args.pushgateway)  # a malformed address is rejected before any data work
+    if args.data is None:
+        check_source_before_preparing(jobs.plan_train(**request).bench)
     if args.nproc not in (None, 1) and "RANK" not in os.environ:  # not yet under torchrun: check, then relaunch
         jobs.plan_train(**request)
         return subprocess.run(distributed.torchrun_command(args.nproc, args.argv)).returncode
     main_rank = distributed.is_main_process()  # under torchrun only rank 0 exports and prints
-    with (training_exporters(gateway, args.metrics_port) if main_rank else contextlib.nullcontext([])) as callbacks:
+    exporters = training_exporters(gateway, args.metrics_port, pipeline_run=args.pipeline_run or "")
+    with (exporters if main_rank else contextlib.nullcontext([])) as callbacks:
         result = jobs.train(out_dir=args.out, resume=args.resume, overwrite=args.overwrite,
                             progress=not args.no_progress, callbacks=callbacks, **request)
     if main_rank:
@@ -61,6 +64,15 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"validation epoch {outcome['best_epoch']}{', stopped early' if outcome['stopped_early'] else ''}; "
               f"{outcome['convergence']}", file=sys.stderr)
     return 0
+
+
+def check_source_before_preparing(bench: Any) -> None:
+    """A spec's table, labels, split, features (and for a table, the factory's model): checked before training
+    prepares it into the cache, so that a refused spec gets its one line without "preparing ... into" first.
+    (A table read once more when the cache already holds it: small next to the training.)"""
+    check_source = getattr(bench, "check_source", None)
+    if check_source is not None:
+        check_source()
 
 
 def train_request(args: argparse.Namespace) -> dict[str, Any]:
@@ -203,6 +215,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(default $MTLFLOW_PUSHGATEWAY; a failed push only logs one warning)")
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus /metrics on this port "
                    "while training")
+    p.add_argument("--pipeline-run", metavar="NAME", help="the pipeline run this training belongs to: added to "
+                   "the Pushgateway grouping key, so that the pipeline's exit handler deletes the group when the "
+                   "run ends (set by the distributed pipeline's TrainJob)")
     p.add_argument("--nproc", type=int, metavar="N", help="data-parallel training in N processes (runs "
                    "`torchrun --standalone --nproc_per_node N -m mtlflow train ...`; global batch = N x --batch-size)")
     p.set_defaults(func=cmd_train)

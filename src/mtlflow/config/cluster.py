@@ -113,8 +113,9 @@ class PodSecurity(_Strict):
     fs_group: int | None = Field(None, ge=0)
 
 
-#: KFP backends before this release reject a task's ``securityContext`` in the executor config ("no field named
-#: securityContext" when the driver unmarshals it)
+#: KFP backends before this release do not know a task's ``securityContext`` (the field came with
+#: kubeflow/pipelines#12832, first released in 2.16.0); 2.14 and 2.15 reject it when the API server compiles the
+#: run ("unknown field"), older ones drop it (docs/guides/kubeflow.md)
 TASK_SECURITY_CONTEXT_SINCE = (2, 16)
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(\.\d+)?([-+.].*)?$")
 

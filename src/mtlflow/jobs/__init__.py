@@ -21,12 +21,14 @@ from mtlflow.engine.rundir import check_run_consistent, load_model, read_run, ru
 from mtlflow.engine.trainer import Trainer, check_finite_evaluation
 from mtlflow.jobs.cache import cache_path, cached_data
 from mtlflow.jobs.data import check_expected_hash, load_prepared, manifest_benchmark, prepare, source_paths
+from mtlflow.metrics.paired import N_RESAMPLES as PAIRED_RESAMPLES
+from mtlflow.metrics.paired import SEED as PAIRED_SEED
 
 #: The jobs' API (prepare and load_prepared live in :mod:`mtlflow.jobs.data`, read_run and run_label in
 #: :mod:`mtlflow.engine.rundir`; they are part of it).
 __all__ = ["TrainPlan", "aggregate", "build_references", "check_run_consistent", "evaluate", "load_prepared",
            "paper_reference_table", "parse_tasks", "plan_train", "prepare", "read_run", "resolved_hparams",
-           "run_label", "summarise", "train"]
+           "run_label", "split_evaluation_name", "summarise", "train"]
 
 
 def resolved_hparams(bench, method: str, hparams: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -213,7 +215,8 @@ def build_references(reference_runs: Sequence[Mapping[str, Any]], split: str = "
 
 def aggregate(run_dirs: Sequence[str | Path], out_dir: str | Path,
               reference_dirs: Sequence[str | Path] = (), method_set: Sequence[str] | None = None,
-              split: str = "test", paper_references: bool | None = None) -> dict[str, Any]:
+              split: str = "test", paper_references: bool | None = None,
+              evaluations: Sequence[str | Path] = ()) -> dict[str, Any]:
     """Compare runs: per method every metric, Δm%, mean rank and hypervolume as a mean over seeds with its
     95 % interval, each method against LS and the best one (difference, probability of improvement, verdict),
     the Pareto sets (by the means, and at 95 %), the warnings, and the report (:func:`summarise`,
@@ -223,6 +226,10 @@ def aggregate(run_dirs: Sequence[str | Path], out_dir: str | Path,
     separately, against the single-task values the papers publish ("paper STL",
     ``Benchmark.published_references``): ``paper_references=None`` adds them when the benchmark has
     them, ``True`` requires them, ``False`` leaves them out.
+
+    ``evaluations``: evaluation files written with per-example values (``evaluate(..., per_example=True)``)
+    outside the run directories (the DVC stage's ``runs/evaluation/``), for the paired comparisons; a run's
+    own ``<split>_evaluation.json`` (the pipelines' train step) or ``evaluation.json`` is found without it.
     """
     from mtlflow.core.outputs import check_output_dir
     from mtlflow.jobs.report import write_report
@@ -230,7 +237,8 @@ def aggregate(run_dirs: Sequence[str | Path], out_dir: str | Path,
     if not run_dirs:
         raise InvalidParameterError("aggregate needs at least one run directory")
     check_output_dir(out_dir, "--out", [*(("run directory", d) for d in run_dirs),
-                                        *(("reference run", d) for d in reference_dirs)])
+                                        *(("reference run", d) for d in reference_dirs),
+                                        *(("evaluation", e) for e in evaluations)])
     seen: dict[Path, str] = {}
     for d in [*run_dirs, *reference_dirs]:
         key = Path(d).resolve()
@@ -239,7 +247,8 @@ def aggregate(run_dirs: Sequence[str | Path], out_dir: str | Path,
         seen[key] = str(d)
     runs = [read_run(d) for d in run_dirs]
     refs = [read_run(d) for d in reference_dirs]
-    summary = summarise(runs, refs, method_set=method_set, split=split, paper_references=paper_references)
+    summary = summarise(runs, refs, method_set=method_set, split=split, paper_references=paper_references,
+                        evaluations=evaluations)
     write_report(summary, runs, Path(out_dir))
     return summary
 
@@ -261,10 +270,15 @@ def paper_reference_table(run: Mapping[str, Any], tasks: Sequence[str], wanted: 
 
 def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any]],
               method_set: Sequence[str] | None = None, split: str = "test",
-              paper_references: bool | None = None) -> dict[str, Any]:
+              paper_references: bool | None = None, evaluations: Sequence[str | Path] = ()) -> dict[str, Any]:
     """The comparison of ``runs`` (grouped by method) as a dict: every number a mean over seeds with its 95 %
     interval (:mod:`mtlflow.metrics.intervals`), each method against LS and against the best method, the
-    Pareto sets, the warnings and the verdict (see docs/guides/reading-the-report.md for the definitions)."""
+    Pareto sets, the warnings and the verdict (see docs/guides/reading-the-report.md for the definitions).
+
+    Where both methods' runs kept per-example values of the same test split (:func:`_method_examples`; the
+    ``evaluations`` files or the runs' own), each comparison also holds ``paired``: the paired bootstrap over
+    test examples of :func:`mtlflow.metrics.paired.compare_methods` (each example's error averaged over a
+    method's seeds); otherwise ``paired`` says why there is none."""
     import numpy as np
 
     from mtlflow.metrics.intervals import BOOTSTRAP_SEED, CONFIDENCE, N_RESAMPLES, mean_interval
@@ -381,6 +395,15 @@ def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any
     for label, row in rows.items():
         row["versus"] = {role: _compare_methods(per_seed[label], per_seed[other], tasks, primary, specs)
                          for role, other in (("ls", baseline), ("best", best)) if other is not None and other != label}
+    given = _evaluations_by_run(evaluations, runs)
+    examples = {label: _method_examples(label, by_method[label], split, tasks, given) for label in rows}
+    paired: dict[tuple[str, str], dict[str, Any]] = {}  # LS as the best: one comparison serves both roles
+    for label, row in rows.items():
+        for role, versus in row["versus"].items():
+            pair = (label, baseline if role == "ls" else best)
+            if pair not in paired:
+                paired[pair] = _paired_versus(*pair, examples)
+            versus["paired"] = paired[pair]
     summary = {
         "schema": 2,
         "benchmark": benches.pop(),
@@ -409,7 +432,8 @@ def summarise(runs: Sequence[Mapping[str, Any]], refs: Sequence[Mapping[str, Any
         "delta_m_excluded": {"references": own_excluded, "paper_references": paper_excluded},
         "statistics": {"confidence": CONFIDENCE, "n_resamples": N_RESAMPLES, "bootstrap_seed": BOOTSTRAP_SEED,
                        "interval": "percentile bootstrap over seeds (scipy.stats.bootstrap); differences and mean "
-                                   "ranks resample each method's seeds independently (stratified by method)"},
+                                   "ranks resample each method's seeds independently (stratified by method)",
+                       "paired": PAIRED_RULE.format(n_resamples=PAIRED_RESAMPLES, seed=PAIRED_SEED)},
         "baseline": baseline,
         "best_method": best,
         "best_by": best_by,
@@ -447,6 +471,105 @@ def _compare_methods(mine: Mapping[str, Any], other: Mapping[str, Any], tasks: S
     if "delta_m" in mine and "delta_m" in other:
         result["delta_m"] = compare(mine["delta_m"], other["delta_m"], lower_is_better=True).as_dict()
     return result
+
+
+def split_evaluation_name(split: str) -> str:
+    """The file name, in a run directory, of the run's evaluation on ``split`` with its per-example values
+    (``<split>_evaluation.json``, the npz beside it): what the pipelines' train step keeps with the run."""
+    return f"{split}_evaluation.json"
+
+
+#: how the ``paired`` entry of a comparison is computed (results.json's ``statistics.paired``)
+PAIRED_RULE = ("paired percentile bootstrap over the test examples (scipy.stats.bootstrap, paired; {n_resamples} "
+               "resamples, generator seed {seed}) where both methods' runs kept per-example values of the same test "
+               "split (same data hash, split and examples): each example's error (the task's paired statistic) is "
+               "first averaged over each method's seeds, then this method minus the other; per task at 1 - 0.05/K "
+               "(Bonferroni over the K tasks), and the mean over tasks of the per-task differences at 95 % "
+               "(mtlflow.metrics.paired, the retrain gate's rule); it measures the sampling of the test examples, "
+               "not the seed-to-seed spread")
+
+
+def _evaluations_by_run(evaluations: Sequence[str | Path], runs: Sequence[Mapping[str, Any]]) -> dict[Path, Path]:
+    """The given evaluation files by the (resolved) run directory each names; one that names no compared run is
+    refused."""
+    dirs = {Path(r["dir"]).resolve() for r in runs}
+    given: dict[Path, Path] = {}
+    for path in map(Path, evaluations):
+        run = Path(atomic.read_json(path, "evaluation").get("run", "")).resolve()
+        if run not in dirs:
+            raise InvalidParameterError(f"evaluation {path} is of run {run}, which is not among the runs compared; "
+                                        "give the evaluations of the compared runs only")
+        given[run] = path
+    return given
+
+
+def _run_examples(run: Mapping[str, Any], split: str, tasks: Sequence[str],
+                  given: Mapping[Path, Path]) -> dict[str, Any] | None:
+    """A run's per-example errors on ``split`` and what identifies the test set (data hash, split, number of
+    examples, each task's paired statistic): from its given evaluation file, else its own
+    ``<split>_evaluation.json`` or ``evaluation.json``; None when none of them kept per-example values."""
+    from mtlflow.metrics.evaluation import read_examples
+
+    run_dir = Path(run["dir"])
+    for path in (given.get(run_dir.resolve()), run_dir / split_evaluation_name(split), run_dir / "evaluation.json"):
+        if path is None or not path.is_file():
+            continue
+        evaluation = atomic.read_json(path, "evaluation")
+        kept = evaluation.get("per_example")
+        if not kept or evaluation.get("split") != split:
+            continue
+        values = read_examples(path.parent / kept["file"])
+        absent = [t for t in tasks if t not in values]
+        if absent:
+            raise DataError(f"per-example values {path.parent / kept['file']} have no task {', '.join(absent)}; "
+                            "evaluate the run again with per-example values")
+        return {"test_set": {"data_hash": evaluation["data_hash"], "split": split, "examples": int(kept["examples"]),
+                             "statistics": {t: kept["statistics"][t] for t in tasks}},
+                "errors": {t: values[t]["error"] for t in tasks}}
+    return None
+
+
+def _method_examples(label: str, group: Sequence[Mapping[str, Any]], split: str, tasks: Sequence[str],
+                     given: Mapping[Path, Path]) -> dict[str, Any]:
+    """Every seed's per-example errors of one method (``errors``: task -> one array per seed) and its test set,
+    or ``missing`` (and ``verdict``, the report's short form): why a paired comparison of this method is
+    impossible."""
+    found = [(g["dir"], _run_examples(g, split, tasks, given)) for g in group]
+    absent = [d for d, e in found if e is None]
+    if absent:
+        return {"verdict": "no per-example values",
+                "missing": f"no per-example values for {label} ({len(absent)} of {len(group)} runs, e.g. "
+                           f"{absent[0]})"}
+    sets = [e["test_set"] for _, e in found]
+    if any(s != sets[0] for s in sets) or any(len(e["errors"][t]) != sets[0]["examples"]
+                                               for _, e in found for t in tasks):
+        return {"verdict": "different test sets", "missing": f"the runs of {label} were evaluated on different "
+                                                             "test sets"}
+    return {"test_set": sets[0], "errors": {t: [e["errors"][t] for _, e in found] for t in tasks}}
+
+
+def _paired_versus(label: str, other: str, examples: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``paired`` entry of ``label`` against ``other``: :func:`mtlflow.metrics.paired.compare_methods`
+    over their shared test examples, or why there is none."""
+    from mtlflow.metrics.paired import compare_methods
+
+    mine, theirs = examples[label], examples[other]
+    fallback = "intervals over seeds only"
+    for side in (mine, theirs):
+        if "missing" in side:
+            return {"available": False, "verdict": side["verdict"], "reason": f"{side['missing']}: {fallback}"}
+    if mine["test_set"] != theirs["test_set"]:
+        differ = [k for k in mine["test_set"] if mine["test_set"][k] != theirs["test_set"][k]]
+        return {"available": False, "verdict": "different test sets",
+                "reason": f"{label} and {other} were evaluated on different test sets ({', '.join(differ)} differ): "
+                          f"{fallback}"}
+    try:
+        comparison = compare_methods(mine["errors"], theirs["errors"], mine["test_set"]["statistics"],
+                                     n_resamples=PAIRED_RESAMPLES, seed=PAIRED_SEED)
+    except DataError as exc:  # e.g. too few labelled test examples: said in the entry, the table stays
+        return {"available": False, "verdict": "no paired interval", "reason": f"{exc}: {fallback}"}
+    return {"available": True, **comparison.as_dict(), "statistics": mine["test_set"]["statistics"],
+            "seeds": [len(next(iter(mine["errors"].values()))), len(next(iter(theirs["errors"].values())))]}
 
 
 #: fewer seeds than this and the report warns that the interval rests on too few runs
@@ -512,18 +635,18 @@ def _warnings(summary: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], ref
 
 def _split_size(run: Mapping[str, Any], split: str, task: str) -> int | None:
     """How many examples of ``split`` a task's metric was computed on, when known: the labelled examples of the
-    run's per-example evaluation of that split (``evaluation.per_example.npz``), else ``split_sizes`` recorded
-    in the run."""
+    run's per-example evaluation of that split (``<split>_evaluation.json``, kept by the pipelines' train step,
+    or ``evaluation.json``), else ``split_sizes`` recorded in the run."""
     import math
 
     from mtlflow.metrics.evaluation import examples_path, read_examples
 
-    evaluation = Path(run["dir"]) / "evaluation.json"
-    if evaluation.is_file() and examples_path(evaluation).is_file() \
-            and atomic.read_json(evaluation, "evaluation").get("split") == split:
-        errors = read_examples(examples_path(evaluation)).get(task, {}).get("error")
-        if errors is not None:
-            return sum(1 for e in errors if not math.isnan(e))
+    for evaluation in (Path(run["dir"]) / split_evaluation_name(split), Path(run["dir"]) / "evaluation.json"):
+        if evaluation.is_file() and examples_path(evaluation).is_file() \
+                and atomic.read_json(evaluation, "evaluation").get("split") == split:
+            errors = read_examples(examples_path(evaluation)).get(task, {}).get("error")
+            if errors is not None:
+                return sum(1 for e in errors if not math.isnan(e))
     for record in (run["metrics"], run["run"]):
         sizes = record.get("split_sizes") or {}
         size = sizes.get(split)

@@ -77,14 +77,18 @@ def run_dir_state(work_dir: Path) -> str:
 
 def train(data: str, data_metadata: Mapping[str, Any], run_out: str, model_out: str, report_out: str,
           summary_out: str, run_spec: str, epochs: int, train_options: Mapping[str, Any], checkpoint_root: str = "",
-          pushgateway: str = "", pipeline_name: str = "") -> dict[str, Any]:
+          pushgateway: str = "", pipeline_name: str = "", pipeline_run: str = "") -> dict[str, Any]:
     """Train the run of ``run_spec`` on the Dataset at ``data`` (refused when its hashes differ from
     ``data_metadata``'s). With ``checkpoint_root`` the run directory is ``<root>/<run key>``, the key
     hashing only the task's inputs (spec, data content hash, epochs, options): a finished run there is
     reused without training, one that failed is trained again from scratch, an interrupted or killed
     one resumes from its checkpoint (:func:`run_dir_state`). The run is copied to ``run_out`` (without
     the checkpoint), its weights to ``model_out``, its HTML report and Markdown summary to
-    ``report_out`` / ``summary_out``. Telemetry is pushed with the run key as its ``run`` label.
+    ``report_out`` / ``summary_out``. A method's run (not a reference) also keeps its evaluation on the test
+    split with each example's error (``test_evaluation.json`` and ``test_evaluation.per_example.npz`` in the run
+    directory): what the aggregate's paired comparison of two methods over the test examples needs, carried to it
+    by the run artifact. Telemetry is pushed with the run key as its ``run`` label and, in the
+    grouping key, ``pipeline_run`` (the pipeline run's name, by which its exit handler deletes the group).
     A single-task reference (``"reference": true`` in the spec) takes ``train_options`` without COST's
     (:func:`~mtlflow.config.pipeline.reference_options`).
     Returns ``{"metadata": ..., "metrics": {task: {name: value}}, "state": ...}`` (the selected final test
@@ -107,7 +111,8 @@ def train(data: str, data_metadata: Mapping[str, Any], run_out: str, model_out: 
     if state == "reuse":
         final = jobs.read_run(work_dir)["metrics"]["final"]
     else:
-        with training_exporters(pushgateway=pushgateway or None, pipeline=pipeline_name or "kfp", run=key) as callbacks:
+        with training_exporters(pushgateway=pushgateway or None, pipeline=pipeline_name or "kfp", run=key,
+                                pipeline_run=pipeline_run) as callbacks:
             final = jobs.train(data, work_dir, method=spec["method"], seed=int(spec["seed"]),
                                hparams=spec.get("hparams", {}), tasks=spec.get("tasks"), epochs=epochs,
                                expected_hash=content_hash, resume=state == "resume", overwrite=state == "retrain",
@@ -115,6 +120,9 @@ def train(data: str, data_metadata: Mapping[str, Any], run_out: str, model_out: 
     if work_dir != Path(run_out):
         shutil.copytree(work_dir, run_out, ignore=shutil.ignore_patterns("checkpoint.pt", ".mtlflow.lock"),
                         dirs_exist_ok=True)
+    if not spec.get("reference"):  # what the aggregate's paired comparisons of the methods pair on
+        jobs.evaluate(run_out, data, split="test", out_file=Path(run_out) / jobs.split_evaluation_name("test"),
+                      per_example=True)
     shutil.copyfile(Path(run_out) / "model.pt", model_out)
     atomic.write_text(report_out, run_report_html(run_out))
     atomic.write_text(summary_out, run_markdown(run_out))
@@ -185,9 +193,16 @@ def aggregate(runs: Sequence[str], references: Sequence[str], method_set: Sequen
                          "best_method": outcome["best_method"], "warnings": outcome["warnings"],
                          "verdicts_vs_ls": {m: r["versus"]["ls"]["delta_m"]["verdict"]
                                             for m, r in outcome["methods"].items()
-                                            if "delta_m" in r["versus"].get("ls", {})}},
+                                            if "delta_m" in r["versus"].get("ls", {})},
+                         # over the shared test examples, on the mean over tasks (or why there is no paired one)
+                         "paired_verdicts_vs_ls": {m: _paired_verdict(r["versus"]["ls"]["paired"])
+                                                   for m, r in outcome["methods"].items() if "ls" in r["versus"]}},
             "metrics": flat,
             "scores": {k: {m: v for m, v in r.items() if m in scores} for k, r in outcome["methods"].items()}}
+
+
+def _paired_verdict(paired: Mapping[str, Any]) -> str:
+    return paired["combined"]["verdict"] if paired["available"] else paired["verdict"]
 
 
 def compare_to_champion(run: str, data: str, model_store: str, min_improvement: float, decision_out: str,

@@ -118,22 +118,53 @@ def _versus_cell(comparison: Mapping[str, Any] | None, tasks: Sequence[str]) -> 
 
 def comparison_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Each method against LS and against the best method: the difference of means (this method minus the
-    other) with its 95 % interval, the probability of improvement and the verdict, on Δm% when references
-    exist and on every task's primary metric."""
+    other) with its 95 % interval over seeds, the probability of improvement and the verdict, on Δm% when
+    references exist and on every task's primary metric; beside them the paired comparison over the shared
+    test examples (the per-example error, averaged over each method's seeds, this method minus the other):
+    per task at the Bonferroni-corrected level, and on its own row the mean over tasks at 95 % -- or why there
+    is none."""
     tasks, primary = summary["tasks"], summary["primary_metrics"]
-    header = ["method", "against", "on", "difference [95 %]", "P(improvement)", "verdict"]
+    header = ["method", "against", "on", "difference [95 %]", "P(improvement)", "verdict",
+              *PAIRED_COLUMNS]
     rows = []
     for label, row in _order(summary):
         for role, versus in row["versus"].items():
             other = summary["baseline"] if role == "ls" else summary["best_method"]
-            measures = ([("Δm%", versus["delta_m"], 2)] if "delta_m" in versus else []) + [
-                (f"{t} {primary[t]}", versus["tasks"][t], 4) for t in tasks]
-            for name, c, digits in measures:
-                rows.append([label, f"{other} ({'baseline' if role == 'ls' else 'best'})", name,
+            against = f"{other} ({'baseline' if role == 'ls' else 'best'})"
+            paired = versus.get("paired")
+            measures = ([("Δm%", versus["delta_m"], 2, None)] if "delta_m" in versus else []) + [
+                (f"{t} {primary[t]}", versus["tasks"][t], 4, t) for t in tasks]
+            for name, c, digits, task in measures:
+                rows.append([label, against, name,
                              format_estimate({"mean": c["difference"], "low": c["low"], "high": c["high"],
                                               "n": min(c["n"])}, digits, signed=True),
-                             f"{c['probability_of_improvement']:.2f}", c["verdict"]])
+                             f"{c['probability_of_improvement']:.2f}", c["verdict"],
+                             *_paired_cells(paired, task, name != "Δm%")])
+            if paired and paired.get("available"):
+                rows.append([label, against, PAIRED_COMBINED_ROW, "–", "–", "–",
+                             *_paired_cells(paired, None, True)])
     return header, rows
+
+
+#: the comparison table's paired columns and the row of the paired mean over tasks
+PAIRED_COLUMNS = ("paired Δ error [95 %]", "paired P(improvement)", "paired verdict")
+PAIRED_COMBINED_ROW = "all tasks: mean error (paired)"
+
+
+def _paired_cells(paired: Mapping[str, Any] | None, task: str | None, shown: bool) -> list[str]:
+    """The paired columns of one row: the task's paired difference (``task``) or the mean over tasks
+    (``None``); why there is none when the comparison has none; empty where the row has no paired counterpart
+    (Δm%)."""
+    if not shown:
+        return ["", "", ""]
+    if paired is None:  # a summary written before paired comparisons
+        return ["–", "–", "–"]
+    if not paired.get("available"):
+        return ["–", "–", paired["verdict"]]
+    d = paired["tasks"][task] if task is not None else paired["combined"]
+    estimate = {"mean": d["mean_difference"], "low": d["low"], "high": d["high"], "n": d["n"]}
+    return [f"{format_estimate(estimate, 4, signed=True)} ({100 * d['confidence']:g} %, n={d['n']})",
+            f"{d['probability_of_improvement']:.2f}", d["verdict"]]
 
 
 def delta_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]] | None:
@@ -382,7 +413,18 @@ def _context(summary: Mapping[str, Any]) -> dict[str, Any]:
                      for kind, excluded in summary.get("delta_m_excluded", {}).items() if excluded],
         "fronts": front_tables(summary),
         "units": {t: unit_note(summary, t) for t in summary["tasks"]},
+        "paired_statistics": _paired_statistics(summary), "paired_row": PAIRED_COMBINED_ROW,
     }
+
+
+def _paired_statistics(summary: Mapping[str, Any]) -> dict[str, str]:
+    """Each task's per-example error of the paired comparisons (the first available one; all share the test
+    set), or the default rule's words when no comparison is paired."""
+    for row in summary["methods"].values():
+        for versus in row["versus"].values():
+            if versus.get("paired", {}).get("available"):
+                return dict(versus["paired"]["statistics"])
+    return {t: "0/1 error or per-example mean error, else the loss" for t in summary["tasks"]}
 
 
 def _reference_value(refs: Mapping[str, Any], task: str, metric: str, mean: float) -> str:
@@ -438,7 +480,8 @@ def html_report(summary: Mapping[str, Any], pareto_png: bytes, curves_png: bytes
 
 def csv_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     """One row per method, every interval in its own numeric columns (mean, low, high; empty without an
-    interval) and the verdicts against LS and the best method, for spreadsheets."""
+    interval) and the verdicts against LS and the best method -- over seeds, and paired over the test examples
+    on the mean over tasks of the error (empty, the verdict saying why, without one) -- for spreadsheets."""
     tasks, primary = summary["tasks"], summary["primary_metrics"]
     header = ["method", "seeds"]
     estimates: list[tuple[str, Any]] = [(f"{t} {primary[t]}", lambda row, t=t: row["intervals"][t][primary[t]])
@@ -456,7 +499,9 @@ def csv_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     for role, other in roles:
         if other:
             header += [f"vs {role} on", f"vs {role} difference", f"vs {role} low", f"vs {role} high",
-                       f"vs {role} P(improvement)", f"vs {role} verdict"]
+                       f"vs {role} P(improvement)", f"vs {role} verdict",
+                       f"vs {role} paired error difference", f"vs {role} paired low", f"vs {role} paired high",
+                       f"vs {role} paired P(improvement)", f"vs {role} paired verdict"]
     header += ["pareto (means)", "pareto (95 %)", "step s"]
 
     def number(value: float | None) -> str:
@@ -475,12 +520,19 @@ def csv_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
                 continue
             versus = row["versus"].get(role)
             if versus is None:
-                cells += ["", "", "", "", "", ""]
+                cells += [""] * 11
                 continue
             on, c = ("delta_m%", versus["delta_m"]) if "delta_m" in versus else (
                 f"{tasks[0]} {primary[tasks[0]]}", versus["tasks"][tasks[0]])
             cells += [on, number(c["difference"]), number(c["low"]), number(c["high"]),
                       number(c["probability_of_improvement"]), c["verdict"]]
+            paired = versus.get("paired") or {}
+            if paired.get("available"):  # the mean over tasks of the per-example error differences
+                d = paired["combined"]
+                cells += [number(d["mean_difference"]), number(d["low"]), number(d["high"]),
+                          number(d["probability_of_improvement"]), d["verdict"]]
+            else:
+                cells += ["", "", "", "", paired.get("verdict", "")]
         cells += ["yes" if row["pareto_optimal"] else "no", "yes" if row.get("pareto_confident") else "no",
                   number(row["step_seconds_median"])]
         rows.append(cells)

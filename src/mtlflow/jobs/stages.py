@@ -14,7 +14,8 @@ its own). Paths (relative to the DVC project root):
 * ``data/prepared``                      -- prepared benchmark data (DVC-tracked, pushed with ``dvc push``);
 * ``runs/mtl/<method>-s<seed>``          -- one run per (method, seed) of ``methods x seeds``;
 * ``runs/reference/<task>-s<seed>``      -- single-task reference runs (``reference_seeds``; never COST);
-* ``runs/evaluation/<method>-s<seed>.json`` -- test-split evaluation of every sweep run;
+* ``runs/evaluation/<method>-s<seed>.json`` -- test-split evaluation of every sweep run, each example's error
+  beside it (``.per_example.npz``: the aggregate's paired comparisons);
 * ``runs/experiment/<method>-s<seed>``   -- the research run of ``dvc.experiment_method``
   (``dvc exp run -S dvc.experiment_method=X``);
 * ``metrics/train/<method>-s<seed>.json``, ``metrics/evaluate.json``, ``metrics/summary.json`` and
@@ -252,19 +253,22 @@ def summary_metrics(params: DvcParams, summary: dict[str, Any]) -> dict[str, dic
 
 
 def stage_evaluate(params: DvcParams) -> None:
-    """Evaluate the final model of every sweep run on the test split (checks the data version too)."""
+    """Evaluate the final model of every sweep run on the test split (checks the data version too), keeping
+    each example's error beside the evaluation for the aggregate's paired comparisons."""
     flat = {}
     for method in params.sweep.methods:
         for seed in params.sweep.seeds:
             name = run_name(method, seed)
-            result = jobs.evaluate(RUNS / name, DATA, split="test", out_file=EVALUATIONS / f"{name}.json")
+            result = jobs.evaluate(RUNS / name, DATA, split="test", out_file=EVALUATIONS / f"{name}.json",
+                                   per_example=True)
             flat[name] = flat_metrics(result["metrics"])
     atomic.write_json(Path("metrics/evaluate.json"), flat)
 
 
 def stage_aggregate(params: DvcParams) -> None:
-    runs = [RUNS / run_name(m, s) for m in params.sweep.methods for s in params.sweep.seeds]
-    summary = jobs.aggregate(runs, Path("reports/latest"), reference_dirs=_reference_dirs(params))
+    names = [run_name(m, s) for m in params.sweep.methods for s in params.sweep.seeds]
+    summary = jobs.aggregate([RUNS / n for n in names], Path("reports/latest"), reference_dirs=_reference_dirs(params),
+                             evaluations=[EVALUATIONS / f"{n}.json" for n in names])
     atomic.write_json(Path("metrics/summary.json"), summary_metrics(params, summary))
     atomic.write_json(PLOTS / "pareto.json", pareto_points(params, summary))
 

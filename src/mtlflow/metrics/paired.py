@@ -40,6 +40,15 @@ in the score's units), and *worse on no task* at the corrected level. A false pr
 combined interval to miss the true difference on the wrong side, which happens with probability about
 ``α/2`` for two models that are equally good (the bootstrap's coverage is approximate); the per-task
 checks only block.
+
+**Two methods of a sweep** (:func:`compare_methods`, the ``paired`` entry of each comparison in
+``results.json``): a method is trained with several seeds, each evaluated on the same test split.
+Each example's error is first averaged over the method's seeds (:func:`seed_mean_errors`: the
+method's expected error on that example, its seed-to-seed noise averaged out), then the two methods'
+seed-averaged errors are compared as above -- per task at the Bonferroni-corrected level, and the
+mean over tasks at ``1 - α`` -- by :func:`paired_comparison`, the computation the gate decides from.
+The interval measures the sampling of the test examples for these trained models; the seeds' own
+spread is what the intervals over seeds (:mod:`mtlflow.metrics.intervals`) measure.
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -196,6 +205,63 @@ def combined_difference(candidate: Mapping[str, np.ndarray], baseline: Mapping[s
 
 
 @dataclass(frozen=True)
+class PairedComparison:
+    """Two models' per-example errors compared per task (at ``task_confidence``, Bonferroni over the tasks) and
+    on the mean over tasks (at ``confidence``)."""
+
+    confidence: float
+    task_confidence: float
+    combined: PairedDifference
+    tasks: dict[str, PairedDifference]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"confidence": self.confidence, "task_confidence": self.task_confidence, "n": self.combined.n,
+                "combined": self.combined.as_dict(), "tasks": {t: d.as_dict() for t, d in self.tasks.items()}}
+
+
+def paired_comparison(candidate: Mapping[str, np.ndarray], baseline: Mapping[str, np.ndarray],
+                      statistics: Mapping[str, str] | None = None, confidence: float = CONFIDENCE,
+                      n_resamples: int = N_RESAMPLES, seed: int = SEED) -> PairedComparison:
+    """``candidate - baseline`` per task (:func:`paired_difference` at :func:`bonferroni_confidence` over the
+    tasks) and on the mean over tasks (:func:`combined_difference` at ``confidence``); ``statistics`` names each
+    task's per-example error."""
+    tasks = sorted(candidate)
+    task_confidence = bonferroni_confidence(confidence, max(len(tasks), 1))
+    combined = combined_difference(candidate, baseline, confidence, n_resamples, seed)
+    per_task = {t: paired_difference(candidate[t], baseline[t], (statistics or {}).get(t, "error"),
+                                     task_confidence, n_resamples, seed) for t in tasks}
+    return PairedComparison(confidence, task_confidence, combined, per_task)
+
+
+def seed_mean_errors(per_seed: Sequence[np.ndarray], what: str = "error") -> np.ndarray:
+    """Each example's error averaged over a method's seeds (one array per seed, the split's order); NaN where
+    the example has no label. The seeds must mark the same examples unlabelled (one test split)."""
+    if not per_seed:
+        raise DataError(f"{what}: no seed's per-example values to average")
+    stacked = np.stack([np.asarray(v, dtype=np.float64) for v in per_seed])
+    if stacked.ndim != 2:
+        raise DataError(f"{what}: per-example values must be one 1-D array per seed, got shape {stacked.shape}")
+    missing = np.isnan(stacked)
+    if (missing != missing[0]).any():
+        raise DataError(f"{what}: the seeds' per-example values leave different examples unlabelled; they were "
+                        "not evaluated on the same test split")
+    return stacked.mean(axis=0)  # NaN exactly where every seed has no label
+
+
+def compare_methods(first: Mapping[str, Sequence[np.ndarray]], second: Mapping[str, Sequence[np.ndarray]],
+                    statistics: Mapping[str, str] | None = None, confidence: float = CONFIDENCE,
+                    n_resamples: int = N_RESAMPLES, seed: int = SEED) -> PairedComparison:
+    """Method ``first`` against ``second`` on one test split from their per-example errors per task, one array
+    per seed: each example's error averaged over each method's seeds (:func:`seed_mean_errors`), then
+    :func:`paired_comparison` (``first - second``: negative favours ``first``)."""
+    if sorted(first) != sorted(second) or not first:
+        raise DataError(f"the methods' tasks differ ({sorted(first)} vs {sorted(second)}); compare the same tasks")
+    return paired_comparison({t: seed_mean_errors(v, t) for t, v in first.items()},
+                             {t: seed_mean_errors(v, t) for t, v in second.items()},
+                             statistics, confidence, n_resamples, seed)
+
+
+@dataclass(frozen=True)
 class GateDecision:
     """The retrain gate's decision and everything it was based on."""
 
@@ -229,10 +295,8 @@ def gate(candidate: Mapping[str, np.ndarray], baseline: Mapping[str, np.ndarray]
     if min_improvement < 0 or not math.isfinite(min_improvement):
         raise InvalidParameterError(f"min_improvement must be a finite number >= 0, got {min_improvement}")
     tasks = sorted(candidate)
-    task_confidence = bonferroni_confidence(confidence, max(len(tasks), 1))
-    combined = combined_difference(candidate, baseline, confidence, n_resamples, seed)
-    per_task = {t: paired_difference(candidate[t], baseline[t], (statistics or {}).get(t, "error"),
-                                     task_confidence, n_resamples, seed) for t in tasks}
+    comparison = paired_comparison(candidate, baseline, statistics, confidence, n_resamples, seed)
+    task_confidence, combined, per_task = comparison.task_confidence, comparison.combined, comparison.tasks
     worse = [t for t, d in per_task.items() if d.verdict == "worse"]
     improvement = -combined.mean_difference
     better = combined.verdict == "better"

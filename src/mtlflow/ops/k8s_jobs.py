@@ -115,13 +115,16 @@ def job_name(run_key: str, prefix: str = "mtlflow") -> str:
 
 
 def train_command(data_dir: str, run_dir: str, run_spec: str, epochs: int,
-                  train_options: Mapping[str, Any], pushgateway: str = "") -> list[str]:
+                  train_options: Mapping[str, Any], pushgateway: str = "", pipeline_run: str = "") -> list[str]:
     """``torchrun -m mtlflow train ...`` for one run spec; always ``--resume`` so a restarted job continues.
-    With ``pushgateway`` the run pushes its telemetry there (``mtlflow train`` exports from rank 0 only)."""
+    With ``pushgateway`` the run pushes its telemetry there (``mtlflow train`` exports from rank 0 only), grouped
+    also by ``pipeline_run`` when given (the pipeline's exit handler deletes the group by it)."""
     spec = json.loads(run_spec)
     command = ["torchrun", "-m", "mtlflow", "train", "--data", data_dir, "--out", run_dir, "--resume", "--no-progress"]
     if pushgateway:
         command += ["--pushgateway", pushgateway]
+        if pipeline_run:
+            command += ["--pipeline-run", pipeline_run]
     return command + train_arguments({"method": spec["method"], "seed": int(spec["seed"]), "epochs": int(epochs),
                                       "hparams": spec.get("hparams") or None, "tasks": spec.get("tasks") or None,
                                       **train_options})

@@ -9,9 +9,9 @@ recurring run links to the exact version it ran. ``schedule`` is idempotent: it 
 run per name in the experiment, replacing one whose version, cron or parameters differ.
 
 Backend version: before a package whose tasks carry a ``securityContext`` is uploaded, the backend's release is
-read (``tag_name`` of ``/apis/v1beta1/healthz``; v2beta1's healthz names none): a backend before 2.16 would
-fail every task ("no field named securityContext"), so submitting to one is refused with one line naming
-the profile's ``kfp_backend`` setting, which compiles without it.
+read (``tag_name`` of ``/apis/v1beta1/healthz``; v2beta1's healthz names none): a backend before 2.16 does not
+know the field (2.14 and 2.15 refuse the run, 'unknown field "securityContext"'; older ones drop it silently), so
+submitting to one is refused with one line naming the profile's ``kfp_backend`` setting, which compiles without it.
 
 Authentication: ``$MTLFLOW_KFP_TOKEN`` (a bearer token, e.g. a service-account token in CI) when
 set; otherwise kfp's own defaults (in-cluster credentials, ``~/.config/kfp/context.json`` cookies).
@@ -195,14 +195,22 @@ def submit(host: str, pipeline: str, params: Mapping[str, Any], experiment: str 
     _check_host(host)
     with tempfile.TemporaryDirectory(prefix="mtlflow-submit-") as tmp:
         package = _compiled(pipeline, params, Path(tmp), enable_caching)
-        client = _client(host, namespace)
-        check_backend(client, host, package)
-        version = pipeline_version(client, host, package, namespace)
-        exp = _call("creating the experiment", host, client.create_experiment, name=experiment, namespace=namespace)
-        name = run_name or f"{package.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-        result = _call("creating the run", host, client.run_pipeline, experiment_id=exp.experiment_id,
-                       job_name=name, params=dict(params), pipeline_id=version["pipeline_id"],
-                       version_id=version["pipeline_version_id"], service_account=service_account)
+        return submit_package(host, package, params, experiment, run_name, namespace, service_account)
+
+
+def submit_package(host: str, package: Path, params: Mapping[str, Any], experiment: str = "mtlflow",
+                   run_name: str | None = None, namespace: str | None = None,
+                   service_account: str | None = None) -> dict[str, str]:
+    """:func:`submit` of a package compiled by the caller (`mtlflow reproduce CLAIM --pipeline --host`)."""
+    _check_host(host)
+    client = _client(host, namespace)
+    check_backend(client, host, package)
+    version = pipeline_version(client, host, package, namespace)
+    exp = _call("creating the experiment", host, client.create_experiment, name=experiment, namespace=namespace)
+    name = run_name or f"{package.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    result = _call("creating the run", host, client.run_pipeline, experiment_id=exp.experiment_id,
+                   job_name=name, params=dict(params), pipeline_id=version["pipeline_id"],
+                   version_id=version["pipeline_version_id"], service_account=service_account)
     return {"run_id": result.run_id, "run_name": name, "experiment": experiment, **version}
 
 

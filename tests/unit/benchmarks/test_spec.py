@@ -333,11 +333,12 @@ def test_model_heads_fit_the_task_kinds(tmp_path: Path) -> None:
 
 
 def test_factory_errors_are_one_line(tmp_path: Path) -> None:
-    bench, _ = prepared(tmp_path, {"tasks": TASKS, "features": {"numeric": ["age"]},
-                                   "model": {"factory": "no_such_module_xyz:build"}}, frame())
+    """Refused by prepare itself (issue 29, item 9), which then leaves no output behind."""
     with pytest.raises(SpecError, match=r"model.factory: cannot import no_such_module_xyz:build \(ModuleNotFoundError: "
                                         r"No module named 'no_such_module_xyz'\)"):
-        bench.make_model()
+        prepared(tmp_path, {"tasks": TASKS, "features": {"numeric": ["age"]},
+                            "model": {"factory": "no_such_module_xyz:build"}}, frame())
+    assert not (tmp_path / "data").exists()
 
 
 def test_data_of_another_spec_is_refused(tmp_path: Path) -> None:

@@ -157,15 +157,16 @@ def test_a_test_split_too_small_for_the_interval_is_a_warning():
     assert not any("too small" in w for w in jobs.summarise(runs, references(), paper_references=False)["warnings"])
 
 
-def test_the_test_split_size_is_read_from_the_per_example_evaluation(tmp_path):
+@pytest.mark.parametrize("name", ["evaluation.json", "test_evaluation.json"])  # the CLI's, the pipelines' train step's
+def test_the_test_split_size_is_read_from_the_per_example_evaluation(tmp_path, name):
     from mtlflow.core import atomic
     from mtlflow.metrics.evaluation import examples_path, write_examples
 
     runs = sorted(all_runs(), key=lambda r: r["dir"])
     runs[0]["dir"] = str(tmp_path)
-    atomic.write_json(tmp_path / "evaluation.json", {"split": "test"})
+    atomic.write_json(tmp_path / name, {"split": "test"})
     errors = np.array([0.0, 1.0, np.nan, 0.0] * 10)  # 30 labelled examples, 10 without a label
-    write_examples(examples_path(tmp_path / "evaluation.json"), {"cls": {"error": errors, "loss": errors}})
+    write_examples(examples_path(tmp_path / name), {"cls": {"error": errors, "loss": errors}})
     result = jobs.summarise(runs, references(), paper_references=False)
     assert any("cls has 30 test examples" in w for w in result["warnings"])
 

@@ -11,8 +11,11 @@ from the command line.
 
 Every Pushgateway grouping key names its run, so concurrent runs never overwrite each other's
 series: training groups by its identity, a sweep comparison by (pipeline, benchmark, run) and a
-pipeline run's status by (pipeline, run), where ``run`` is the pipeline run's name. The Pushgateway
-keeps a group until it is deleted (see docs/guides/observability.md for the clean-up).
+pipeline run's status by (pipeline, run), where ``run`` is the pipeline run's name. A training push from
+a pipeline task (a ``train`` task, or rank 0 of a TrainJob) adds ``pipeline_run`` -- the pipeline run's name
+-- to its grouping key only: the gateway adds it to every series of the group, and the pipeline's exit
+handler deletes exactly the training groups carrying its own run's name. The Pushgateway keeps a group
+until it is deleted (see docs/guides/observability.md for the clean-up).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from dataclasses import dataclass
 
 #: labels identifying one training run (also its Pushgateway grouping key)
 TRAIN_IDENTITY = ("pipeline", "benchmark", "method", "seed", "tasks", "run")
+#: the grouping-key label naming the pipeline run a training push belongs to (absent from the command line)
+PIPELINE_RUN_LABEL = "pipeline_run"
 #: the Pushgateway grouping key of a sweep comparison (and the labels of its timestamp)
 AGGREGATE_GROUP = ("pipeline", "benchmark", "run")
 #: labels of the aggregate (sweep comparison) metrics

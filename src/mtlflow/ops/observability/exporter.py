@@ -56,12 +56,13 @@ class PrometheusExporter(Callback):
     def __init__(self, pushgateway: str | None = None, metrics_port: int | None = None, pipeline: str = CLI_PIPELINE,
                  metrics_addr: str = "0.0.0.0", push_timeout: float = DEFAULT_PUSH_TIMEOUT,
                  retry_after: float = DEFAULT_RETRY_AFTER, push_interval: float = DEFAULT_PUSH_INTERVAL,
-                 run: str = ""):
+                 run: str = "", pipeline_run: str = ""):
         self.gateway = resolve_pushgateway(pushgateway) if pushgateway else None
         self.metrics = MetricSet(catalog.TRAIN_METRICS)
         self.registry = self.metrics.registry
         self.pipeline = pipeline or CLI_PIPELINE
         self.run = run
+        self.pipeline_run = pipeline_run
         self.push_timeout, self.retry_after, self.push_interval = push_timeout, retry_after, push_interval
         self.server = MetricsServer(self.registry, metrics_port, metrics_addr) if metrics_port is not None else None
         self.pusher: GatewayPusher | None = None
@@ -75,7 +76,7 @@ class PrometheusExporter(Callback):
         self.labels = run_identity(trainer, self.pipeline, self.run)
         self._device = trainer.device.type
         if self.gateway and self.pusher is None:
-            self.pusher = GatewayPusher(self.gateway, catalog.TRAIN_JOB, self.labels, self.registry,
+            self.pusher = GatewayPusher(self.gateway, catalog.TRAIN_JOB, self.grouping_key(), self.registry,
                                         timeout=self.push_timeout, retry_after=self.retry_after)
         now = time.time()
         self._set("mtlflow_train_planned_epochs", trainer.config.epochs)
@@ -120,6 +121,13 @@ class PrometheusExporter(Callback):
         self._set("mtlflow_train_failed", 1)
         self._set("mtlflow_train_nonfinite_loss", int(isinstance(exc, NonFiniteLossError)))
         self._flush()
+
+    def grouping_key(self) -> dict[str, str]:
+        """The run's Pushgateway grouping key: its identity labels, plus ``pipeline_run`` when it trains for a
+        pipeline run (the gateway adds that label to the group's series; the run's exit handler deletes the
+        groups by it)."""
+        extra = {catalog.PIPELINE_RUN_LABEL: self.pipeline_run} if self.pipeline_run else {}
+        return {**self.labels, **extra}
 
     def close(self) -> None:
         """Stop serving ``/metrics`` and the push thread."""
@@ -185,16 +193,18 @@ class PrometheusExporter(Callback):
 
 
 @contextlib.contextmanager
-def training_exporters(pushgateway: str | None = None, metrics_port: int | None = None,
-                       pipeline: str = CLI_PIPELINE, run: str = "") -> Iterator[list[Callback]]:
+def training_exporters(pushgateway: str | None = None, metrics_port: int | None = None, pipeline: str = CLI_PIPELINE,
+                       run: str = "", pipeline_run: str = "") -> Iterator[list[Callback]]:
     """The exporter callbacks for ``jobs.train(..., callbacks=...)``: none when there is neither a
     Pushgateway (argument or ``$MTLFLOW_PUSHGATEWAY``) nor a metrics port; closed on exit. ``run``:
-    the run's ``run`` label (default: the run directory's name)."""
+    the run's ``run`` label (default: the run directory's name); ``pipeline_run``: the name of the pipeline
+    run it trains for, added to the grouping key (empty: none)."""
     gateway = resolve_pushgateway(pushgateway)
     if gateway is None and metrics_port is None:
         yield []
         return
-    exporter = PrometheusExporter(pushgateway=gateway, metrics_port=metrics_port, pipeline=pipeline, run=run)
+    exporter = PrometheusExporter(pushgateway=gateway, metrics_port=metrics_port, pipeline=pipeline, run=run,
+                                  pipeline_run=pipeline_run)
     try:
         yield [exporter]
     finally:
