@@ -47,7 +47,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.out is None:
         raise InvalidParameterError("give --out DIR, the run directory")
     gateway = resolve_pushgateway(args.pushgateway)  # a malformed address is rejected before any data work
-    if args.data is None:
+    if args.data is None and args.spec:  # a registered benchmark is checked when it is built
         check_source_before_preparing(jobs.plan_train(**request).bench)
     if args.nproc not in (None, 1) and "RANK" not in os.environ:  # not yet under torchrun: check, then relaunch
         jobs.plan_train(**request)

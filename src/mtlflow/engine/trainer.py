@@ -70,6 +70,7 @@ from mtlflow.grad_engine import (
     task_jacobian,
     write_flat_grad,
 )
+from mtlflow.methods._numerics import blas_on_one_thread
 from mtlflow.methods.base import GradientMethod, GradInput, GramianWeighting, Method, StepContext, needs_full_jacobian
 from mtlflow.metrics.evaluation import evaluate_model
 from mtlflow.metrics.selection import BEST_VAL, best_epoch_index, select_final, validation_score
@@ -430,19 +431,21 @@ class Trainer:
             # heads first: a method may rescale its heads' gradients inside the solver (IMTL, DB-MTL)
             backward_heads(work.forward.losses, self.task_params)
             started = time.perf_counter()
-            weights = self._solve_weights(work.gramian, losses)
+            with blas_on_one_thread():
+                weights = self._solve_weights(work.gramian, losses)
             solver_seconds = time.perf_counter() - started
             backward_shared_weighted(work.forward.losses, weights * scale, self.shared)
             return solver_seconds
         started = time.perf_counter()
-        if work.mode == "jacobian":
-            direction = method.combine(work.jacobian, losses)
-            self._remember_weights()
-        elif isinstance(method, GramianWeighting):  # representation mode
-            rep = work.representation
-            direction = self._solve_weights(self.dist.representation_gramian(rep), losses).to(rep) @ rep
-        else:
-            direction = method.combine(work.representation, losses)
+        with blas_on_one_thread():  # every method's K x K solves (mtlflow.methods._numerics.one_blas_thread)
+            if work.mode == "jacobian":
+                direction = method.combine(work.jacobian, losses)
+                self._remember_weights()
+            elif isinstance(method, GramianWeighting):  # representation mode
+                rep = work.representation
+                direction = self._solve_weights(self.dist.representation_gramian(rep), losses).to(rep) @ rep
+            else:
+                direction = method.combine(work.representation, losses)
         solver_seconds = time.perf_counter() - started
         step_rules.check_finite_update(method.name, direction, self.global_step)
         if scale != 1.0:

@@ -28,7 +28,7 @@ training dtype.
   kept it). On either path an exactly zero row gives an exactly zero row of G. With ``row_scales`` s (IMTL's
   e^{s_i}) it is the Gramian of the rows s_i g_i: D·(J Jᵀ)·D in float64 on the plain path, whose check then
   reads the scaled rows' spread; the scaled rows' centred product otherwise.
-* :func:`one_blas_thread` -- the decorator under which the K x K solves (and :func:`gramian_array`,
+* :func:`one_blas_thread` (:func:`blas_on_one_thread` as a context) -- the decorator under which the K x K solves (and :func:`gramian_array`,
   :func:`psd_factor`) run numpy's and scipy's BLAS on one thread: a 40 x 40 eigendecomposition spread over
   OpenBLAS's threads waited ~16 ms for a descheduled thread on a busy machine instead of taking 0.1 ms.
 * :func:`gramian_array` -- a Gramian handed over as a tensor (e.g. by TorchJD's autogram engine,
@@ -221,9 +221,16 @@ def one_blas_thread(solve: Callable[Params, Result]) -> Callable[Params, Result]
     with one busy core, which made the K x K solve most of a Gramian method's solver time (issue 29)."""
     @functools.wraps(solve)
     def on_one_thread(*args: Params.args, **kwargs: Params.kwargs) -> Result:
-        with _blas_controller().limit(limits=1, user_api="blas"):
+        with blas_on_one_thread():
             return solve(*args, **kwargs)
     return on_one_thread
+
+
+def blas_on_one_thread() -> contextlib.AbstractContextManager:
+    """The context of :func:`one_blas_thread`: numpy's and scipy's BLAS on one thread inside ``with`` (torch's
+    own BLAS and OpenMP threads are not theirs and keep the training's setting); the trainer runs every
+    method's solver under it, whatever K x K solves the method does."""
+    return _blas_controller().limit(limits=1, user_api="blas")
 
 
 @functools.cache
