@@ -137,7 +137,10 @@ def test_launch_trainjob_stages_the_data_then_needs_the_cluster(image, artifacts
                         train_options={}, storage_root=layout.root, image=image, namespace="mtlflow")
 
     run_dir, codes, error = run_in_containers(launch_only, {}, artifacts, run_label)
-    assert "FAILURE" in error and sorted(codes) == [0, 1], "prepare_data succeeds, launch_trainjob exits 1"
+    # the daemon's exit codes decide: kfp.local reports this run as a success when launch_trainjob's container was
+    # removed before its status was read (kubeflow/pipelines#13332; seen in 1 of 2 runs), else as a FAILURE
+    assert sorted(codes) == [0, 1], "prepare_data succeeds, launch_trainjob exits 1"
+    assert error == "" or "FAILURE" in error
     prepared = next(run_dir.rglob("prepare-data/data"))
     (staged,) = Path(layout.datasets).iterdir()
     assert sorted(p.name for p in staged.iterdir()) == sorted(p.name for p in prepared.iterdir())
