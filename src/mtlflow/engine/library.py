@@ -59,6 +59,7 @@ from mtlflow.grad_engine import (
     resolve_backend,
     write_flat_grad,
 )
+from mtlflow.methods._numerics import blas_on_one_thread
 from mtlflow.methods.base import GradientMethod, GradInput, GramianWeighting, Method, StepContext
 
 __all__ = ["BackwardResult", "MTLBackward", "mtl_backward"]
@@ -256,7 +257,8 @@ class MTLBackward:
                 else:
                     grads = representation_jacobian(forward, self.heads)
                 self.method.before_backward(context)
-                direction = self.method.combine(grads, detached)
+                with blas_on_one_thread():  # the trainer's rule for every method's K x K solves
+                    direction = self.method.combine(grads, detached)
                 step_rules.check_finite_update(self.method.name, direction, self.step)
                 if self.update_weights_every > 1:
                     self.reused_weights = self.method.last_weights.detach().clone()

@@ -42,3 +42,33 @@ def test_a_training_step_solves_on_one_blas_thread_and_restores_the_setting(meth
         run.train_step(batch, 1)
         assert blas_threads() == before
     assert seen and all(threads[library] == 1 for threads in seen for library in adjustable)
+
+
+def test_library_mode_solves_on_one_blas_thread_too(monkeypatch):
+    """`MTLBackward` (library mode) calls the method's combine itself: the same rule as the trainer's step."""
+    import torch
+    from torch import nn
+
+    from mtlflow.engine import MTLBackward
+
+    torch.manual_seed(0)
+    trunk, heads = nn.Linear(4, 3), nn.ModuleList([nn.Linear(3, 1) for _ in range(3)])
+    backward = MTLBackward("cagrad", trunk, list(heads))
+    seen: list[dict[str, int]] = []
+    original = backward.method.combine
+
+    def watched(*args, **kwargs):
+        seen.append(blas_threads())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(backward.method, "combine", watched)
+    x = torch.randn(8, 4)
+    features = trunk(x)
+    losses = [(head(features).squeeze(1) - i).pow(2).mean() for i, head in enumerate(heads)]
+    with threadpool_limits(2, user_api="blas"):
+        before = blas_threads()
+        adjustable = [library for library, threads in before.items() if threads == 2]
+        backward(losses)
+        assert blas_threads() == before
+    assert len(adjustable) >= 2
+    assert seen and all(threads[library] == 1 for threads in seen for library in adjustable)
