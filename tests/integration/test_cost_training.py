@@ -47,7 +47,9 @@ class MomentProbe(Callback):
         p = trainer.shared[0]
         st = trainer.optimizer.state[p]
         self.params = torch.cat([q.detach().reshape(-1) for q in trainer.shared]).clone()
-        self.before = (st["exp_avg"].clone(), st["exp_avg_sq"].clone(), p.grad.clone(),
+        # no state: HTR restarted Adam for the trunk (σ ≤ 0), whose moments start from zero
+        self.before = (st["exp_avg"].clone() if st else torch.zeros_like(p),
+                       st["exp_avg_sq"].clone() if st else torch.zeros_like(p), p.grad.clone(),
                        trainer.optimizer.param_groups[0]["betas"])
 
     def after_optimizer_step(self, trainer, state):
@@ -55,8 +57,10 @@ class MomentProbe(Callback):
         self.after = (st["exp_avg"].clone(), st["exp_avg_sq"].clone(), trainer.optimizer.param_groups[0]["betas"])
 
 
-def test_teleport_keeps_losses_moves_the_trunk_and_applies_htr_to_the_stepped_optimizer(multimnist_small, tmp_path):
-    trainer = _trainer(multimnist_small, tmp_path, delay_epochs=1)
+@pytest.mark.parametrize("nonpositive", ["restart", "zero-betas"])
+def test_teleport_keeps_losses_moves_the_trunk_and_applies_htr_to_the_stepped_optimizer(multimnist_small, tmp_path,
+                                                                                        nonpositive):
+    trainer = _trainer(multimnist_small, tmp_path, delay_epochs=1, htr_nonpositive=nonpositive)
     cost = trainer.callbacks[0]
     batches = iter(trainer._loader(1))
     trainer.train_step(next(batches), 1)          # an ordinary step first (delayed start): Adam has moments
@@ -87,9 +91,21 @@ def test_teleport_keeps_losses_moves_the_trunk_and_applies_htr_to_the_stepped_op
     sigma = event["sigma"]
     v0, s0, g, betas = probe.before
     v1, s1, restored = probe.after
-    assert betas == pytest.approx((sigma * 0.9, sigma * 0.999)) and restored == (0.9, 0.999)
-    assert torch.allclose(v1, sigma * 0.9 * v0 + (1 - sigma * 0.9) * g, atol=1e-7)
-    assert torch.allclose(s1, sigma * 0.999 * s0 + (1 - sigma * 0.999) * g * g, atol=1e-9)
+    if event["sigma_raw"] <= 0 and nonpositive == "restart":
+        # σ ≤ 0: Adam restarted for the trunk, so this step is a fresh Adam's first (its step count is 1)
+        assert event["htr_restarted"] and betas == restored == (0.9, 0.999)
+        assert int(trainer.optimizer.state[trainer.shared[0]]["step"]) == 1
+        assert torch.equal(v0, torch.zeros_like(v0)) and torch.equal(s0, torch.zeros_like(s0))
+        factor = 1.0  # a fresh Adam's moments are Eq. 13's with the unmodified betas, from zero
+        scale1 = scale2 = 1.0
+    else:
+        assert not event["htr_restarted"]
+        assert betas == pytest.approx((sigma * 0.9, sigma * 0.999)) and restored == (0.9, 0.999)
+        factor = sigma
+        # after the step the moments are rescaled to the weight Adam's bias correction assumes at step t = 2
+        scale1, scale2 = ((1 - b ** 2) / (sigma * b * (1 - b) + 1 - sigma * b) for b in (0.9, 0.999))
+    assert torch.allclose(v1, scale1 * (factor * 0.9 * v0 + (1 - factor * 0.9) * g), atol=1e-7)
+    assert torch.allclose(s1, scale2 * (factor * 0.999 * s0 + (1 - factor * 0.999) * g * g), atol=1e-9)
     # Eq. 12: σ = cos(Δθ, g′), clamped to [0, 1] (a negative cosine would flip Adam's history)
     expected = float(torch.nn.functional.cosine_similarity(after - before, g_prime, dim=0))
     assert event["sigma_raw"] == pytest.approx(expected, rel=1e-4, abs=1e-6)

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from mtlflow.core.callbacks import Callback, StepState, TrainerView
 from mtlflow.teleport import adapters
-from mtlflow.teleport.htr import apply_htr, htr_sigma, restore_htr
+from mtlflow.teleport.htr import HtrStep, apply_htr, htr_sigma, restart_moments, restore_htr
 from mtlflow.teleport.objective import TeleportProblem, balance_weights, optimise_adapter
 from mtlflow.teleport.options import CostOptions
 from mtlflow.teleport.triggers import RULES, GradientStats, describe, dominated_conflict, gradient_stats, needs_pairwise
@@ -102,7 +102,7 @@ class CostTeleport(Callback):
         self._buffers: dict[str, Tensor] | None = None
         self._epoch_step = 0
         self._pending: dict[str, Any] | None = None
-        self._htr_saved: list = []
+        self._htr_step: HtrStep | None = None
         self._last_update: Tensor | None = None
         self._task_names: list[str] = []
         self._reset_epoch()
@@ -175,17 +175,25 @@ class CostTeleport(Callback):
         if event is not None:
             self._record_after(event, state)
             if opts.htr:
-                self._htr_saved = apply_htr(trainer.optimizer, trainer.shared, event["sigma"])
-                event["htr_applied"] = bool(self._htr_saved)
-                if self._htr_saved:
-                    event["htr_betas"] = [list(g["betas"]) for g, _ in self._htr_saved]
+                self._apply_htr(trainer, event)
         if opts.htr and opts.htr_reference == "last-update":
             self._last_update = _flat_grads(trainer.shared)
 
+    def _apply_htr(self, trainer: TrainerView, event: dict[str, Any]) -> None:
+        """HTR for the step after a teleport: Eq. 13 with σ, or Adam restarted for the trunk where σ ≤ 0."""
+        raw = event["sigma_raw"]
+        if self.resolved.htr_nonpositive == "restart" and raw is not None and raw <= 0:
+            event["htr_applied"] = event["htr_restarted"] = restart_moments(trainer.optimizer, trainer.shared)
+            return
+        self._htr_step = apply_htr(trainer.optimizer, trainer.shared, event["sigma"])
+        event["htr_applied"] = bool(self._htr_step)
+        if self._htr_step:
+            event["htr_betas"] = [list(g["betas"]) for g, _ in self._htr_step.groups]
+
     def after_optimizer_step(self, trainer: TrainerView, state: StepState) -> None:
-        if self._htr_saved:
-            restore_htr(self._htr_saved)
-            self._htr_saved = []
+        if self._htr_step is not None:
+            restore_htr(self._htr_step, self.resolved.htr_bias_correction)
+            self._htr_step = None
         if self._pending is not None:
             self._events.append(self._pending)
             self.total_teleports += 1
@@ -259,6 +267,7 @@ class CostTeleport(Callback):
             "sigma_raw": raw,
             "htr_reference": opts.htr_reference,
             "htr_applied": False,
+            "htr_restarted": False,
             "seconds": time.perf_counter() - started,
         }
 

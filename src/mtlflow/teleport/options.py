@@ -11,7 +11,8 @@ path; ``methods-cost.md`` §1.2) does: loss 10·L_t − 0.5·L_g, R = K(1 − �
 scaled to 1e-4 per parameter tensor, per-task max then mean over tasks divided by the noise scale,
 perturbed losses without a gradient path to the adapter, L* = the mean loss over the training set,
 two passes over the training set in eval mode, the LoRA learning rate = the model's, the trigger
-"some task with cos ≤ 0", HTR's reference g′ = the previous update. Each of these is also a separate
+"some task with cos ≤ 0", HTR's reference g′ = the previous update and no rescaling of Adam's moments after
+the HTR step. Each of these is also a separate
 option, so any single choice can be flipped on top of either variant.
 """
 
@@ -32,6 +33,8 @@ NOISES = ("sphere", "per-tensor")
 REDUCTIONS = ("max-of-mean", "mean-of-max")
 SHARPNESS_GRADIENTS = ("through-perturbations", "unperturbed-only")
 HTR_REFERENCES = ("mean-gradient", "last-update")
+HTR_NONPOSITIVE = ("restart", "zero-betas")
+HTR_BIAS_CORRECTIONS = ("rescale", "none")
 INVARIANCE_TARGETS = ("batch", "mean")
 
 #: defaults of the options the variant decides (None in :class:`CostOptions` means "the variant's")
@@ -52,6 +55,7 @@ VARIANT_DEFAULTS: dict[str, dict[str, Any]] = {
         "reduction": "max-of-mean",      # Eq. 9
         "sharpness_gradient": "through-perturbations",
         "htr_reference": "mean-gradient",  # Eq. 12: g′ = the gradient at the pre-teleport point
+        "htr_bias_correction": "rescale",  # not in the paper: Eq. 13's moments weighted as Adam's correction assumes
         "invariance_target": "batch",    # L_i* = the loss of the same batch before the teleport
         "eval_mode": False,
     },
@@ -71,6 +75,7 @@ VARIANT_DEFAULTS: dict[str, dict[str, Any]] = {
         "reduction": "mean-of-max",
         "sharpness_gradient": "unperturbed-only",
         "htr_reference": "last-update",
+        "htr_bias_correction": "none",   # PyTorch's moments and step count as the modified betas leave them
         "invariance_target": "mean",
         "eval_mode": True,
     },
@@ -112,6 +117,11 @@ class CostOptions:
     reduction: str | None = None
     sharpness_gradient: str | None = None
     htr_reference: str | None = None
+    #: HTR where σ = cos(Δθ, g′) ≤ 0, which Eq. 13 does not define: restart Adam (the released code's new
+    #: Adam) or Eq. 13 with σ clamped to 0; and whether Adam's moments are rescaled after the HTR step to the
+    #: weight its bias correction assumes (:mod:`mtlflow.teleport.htr`)
+    htr_nonpositive: str = "restart"
+    htr_bias_correction: str | None = None
     invariance_target: str | None = None
     eval_mode: bool | None = None
     #: ablation switches (Table 4): drop L_t, drop L_g, drop HTR
@@ -170,6 +180,8 @@ class CostOptions:
         choice("reduction", r.reduction, REDUCTIONS)
         choice("sharpness_gradient", r.sharpness_gradient, SHARPNESS_GRADIENTS)
         choice("htr_reference", r.htr_reference, HTR_REFERENCES)
+        choice("htr_nonpositive", r.htr_nonpositive, HTR_NONPOSITIVE)
+        choice("htr_bias_correction", r.htr_bias_correction, HTR_BIAS_CORRECTIONS)
         choice("invariance_target", r.invariance_target, INVARIANCE_TARGETS)
         integer("delay_epochs", r.delay_epochs, 0)
         integer("max_per_epoch", r.max_per_epoch, 0)

@@ -117,6 +117,7 @@ COST_TABLE = {
     "reduction": ("max-of-mean", "mean-of-max"),
     "sharpness_gradient": ("through-perturbations", "unperturbed-only"), "invariance_target": ("batch", "mean"),
     "eval_mode": (False, True), "htr_reference": ("mean-gradient", "last-update"),
+    "htr_nonpositive": ("restart", "restart"), "htr_bias_correction": ("rescale", "none"),
     "use_invariance": (True, True), "use_sharpness": (True, True), "htr": (True, True),
 }
 

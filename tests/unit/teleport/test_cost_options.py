@@ -19,9 +19,19 @@ def refusal(options) -> str:
 def test_unknown_options_are_named_with_every_valid_option_sorted():
     assert refusal({"bogus": 1, "aa": 2}) == (
         "unknown COST option(s) aa, bogus; valid: adapter, balance, batch_size, batches, check_every, delay_epochs, "
-        "eval_mode, gamma, htr, htr_reference, invariance_target, invariance_weight, lr, max_per_epoch, noise, passes, "
+        "eval_mode, gamma, htr, htr_bias_correction, htr_nonpositive, htr_reference, invariance_target, invariance_weight, lr, max_per_epoch, noise, passes, "
         "perturbations, radius, rank, reduction, sharpness_gradient, steps, trigger, use_invariance, use_sharpness, "
         "variant")
+
+
+def test_htr_nonpositive_is_one_of_its_choices():
+    assert CostOptions.from_mapping({}).resolved().htr_nonpositive == "restart"
+    assert CostOptions.from_mapping({}).resolved().htr_bias_correction == "rescale"
+    assert CostOptions.from_mapping({"variant": "released"}).resolved().htr_bias_correction == "none"
+    assert refusal({"htr_bias_correction": "pytorch"}) == (
+        "COST option htr_bias_correction must be one of rescale, none, got 'pytorch'")
+    assert refusal({"htr_nonpositive": "clamp"}) == (
+        "COST option htr_nonpositive must be one of restart, zero-betas, got 'clamp'")
 
 
 def test_unknown_variant_is_refused_with_the_valid_variants():

@@ -139,7 +139,7 @@ def test_teleport_event_keys_and_values_match_the_gradients_and_the_optimizer(mu
         "grad_norms_before", "mean_grad_norm_before", "min_pairwise_cos_before", "balance_weights", "adapter",
         "adapter_steps", "adapter_batches", "invariance_first", "invariance_last", "sharpness_first",
         "sharpness_last", "displacement_norm", "displacement_relative", "sigma", "sigma_raw", "htr_reference",
-        "htr_applied", "htr_betas", "seconds", "losses_after", "loss_change_max_abs", "loss_change_max_relative",
+        "htr_applied", "htr_restarted", "htr_betas", "seconds", "losses_after", "loss_change_max_abs", "loss_change_max_relative",
         "min_pairwise_cos_after", "conflicting_after", "cosine_to_mean_after", "grad_norms_after",
         "mean_grad_norm_after"}
     # two tasks: the smallest pairwise cosine is the one cosine, before (the weak trigger fired on it) and after
@@ -460,3 +460,43 @@ def test_every_teleport_batch_gives_its_own_losses_and_index_0_stays_the_trigger
         # the adapter loop comes back to index 0 after the others: still the trigger batch
         for index in (1, 2, 0):
             assert torch.equal(problem.losses(index, None), expected[index])
+
+
+class _BetasRecorder(Callback):
+    """The betas of the optimizer's groups at the step (put after COST, which sets them for HTR)."""
+
+    name = "betas"
+
+    def before_optimizer_step(self, trainer, state):
+        self.betas = [list(g["betas"]) for g in trainer.optimizer.param_groups]
+
+
+@pytest.mark.parametrize("nonpositive", ["restart", "zero-betas"])
+def test_a_teleport_against_the_reference_gradient_restarts_adam_for_the_trunk_or_clamps_sigma(
+        multimnist_small, tmp_path, monkeypatch, nonpositive):
+    # σ = cos(Δθ, g′) ≤ 0 (here forced to −0.4): "restart" drops the Adam state of the trunk's groups, so the
+    # teleport step is their step 1; "zero-betas" steps them with β = (0, 0) on step 2
+    trainer = _trainer(multimnist_small, tmp_path, steps=1, htr_nonpositive=nonpositive, delay_epochs=1)
+    cost = trainer.callbacks[0]
+    recorder = _BetasRecorder()
+    trainer.callbacks.append(recorder)
+    batches = iter(trainer._loader(1))
+    trainer.train_step(next(batches), 1)              # an ordinary step (delayed start): every tensor on step 1
+    cost.on_epoch_start(trainer, 2)
+    monkeypatch.setattr(callback, "htr_sigma", lambda displacement, reference: (0.0, -0.4))
+    trainer.train_step(next(batches), 2)
+    (event,) = cost._events
+    trunk = {id(p) for p in trainer.shared}
+    trunk_groups = [g for g in trainer.optimizer.param_groups if any(id(p) in trunk for p in g["params"])]
+    in_trunk_groups = {id(p) for g in trunk_groups for p in g["params"]}
+    steps = {int(trainer.optimizer.state[p]["step"]) for p in trainer.model.parameters() if id(p) in in_trunk_groups}
+    other_steps = {int(trainer.optimizer.state[p]["step"]) for g in trainer.optimizer.param_groups
+                   for p in g["params"] if id(p) not in in_trunk_groups}
+    assert event["htr_applied"] is True and other_steps <= {2}
+    if nonpositive == "restart":
+        assert event["htr_restarted"] is True and "htr_betas" not in event and steps == {1}
+        assert recorder.betas == [[0.9, 0.999]] * len(trainer.optimizer.param_groups)
+    else:
+        assert event["htr_restarted"] is False and steps == {2}
+        assert event["htr_betas"] == [[0.0, 0.0]] * len(trunk_groups)
+    assert trainer.optimizer.param_groups[0]["betas"] == (0.9, 0.999)

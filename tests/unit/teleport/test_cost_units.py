@@ -12,7 +12,7 @@ from torch import nn
 from cost_helpers import double_lenet_trainer
 
 from mtlflow.core.errors import InvalidParameterError
-from mtlflow.teleport.htr import apply_htr, htr_sigma, restore_htr
+from mtlflow.teleport.htr import apply_htr, htr_sigma, restart_moments, restore_htr
 from mtlflow.teleport.objective import balance_weights, invariance_loss, sample_perturbation, sharpness_loss
 from mtlflow.teleport.options import CostOptions
 from mtlflow.teleport.triggers import (
@@ -263,6 +263,141 @@ def test_htr_changes_adams_moments_exactly_as_eq_13(optimizer_cls):
     assert opt.param_groups[0]["betas"] == (0.9, 0.999)
 
 
+def _noisy_gradients(n_steps: int, size: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(size, generator=g, dtype=torch.float64) for _ in range(n_steps)]
+
+
+@pytest.mark.parametrize("optimizer_cls", [torch.optim.Adam, torch.optim.AdamW])
+def test_htr_restart_makes_the_next_steps_a_fresh_adams_for_the_shared_parameters_group_only(optimizer_cls):
+    # 30 steps of history, a restart, 20 more: the shared tensor's group moves exactly as under an Adam created
+    # at the restart (same gradients), another group exactly as if nothing happened
+    shared, other = (nn.Parameter(torch.zeros(5, dtype=torch.float64)) for _ in range(2))
+    fresh_shared, untouched_other = (nn.Parameter(torch.zeros(5, dtype=torch.float64)) for _ in range(2))
+    opt = optimizer_cls([{"params": [shared]}, {"params": [other], "lr": 0.01}], lr=0.1)
+    untouched = optimizer_cls([{"params": [untouched_other], "lr": 0.01}], lr=0.1)
+    before, after = _noisy_gradients(30, 5, 0), _noisy_gradients(20, 5, 1)
+    for grad in before:
+        shared.grad, other.grad, untouched_other.grad = grad, grad, grad
+        opt.step()
+        untouched.step()
+    assert restart_moments(opt, [shared]) is True
+    assert shared not in opt.state and other in opt.state
+    with torch.no_grad():
+        fresh_shared.copy_(shared)
+    fresh = optimizer_cls([fresh_shared], lr=0.1)
+    for grad in after:
+        shared.grad, other.grad, fresh_shared.grad, untouched_other.grad = grad, grad, grad, grad
+        opt.step()
+        fresh.step()
+        untouched.step()
+        assert torch.equal(shared, fresh_shared) and torch.equal(other, untouched_other)
+    assert int(opt.state[shared]["step"]) == 20
+    # SGD keeps its momentum and HTR does not apply
+    p = nn.Parameter(torch.zeros(2))
+    sgd = torch.optim.SGD([p], lr=0.1, momentum=0.9)
+    p.grad = torch.ones(2)
+    sgd.step()
+    assert restart_moments(sgd, [p]) is False and "momentum_buffer" in sgd.state[p]
+
+
+def test_htr_with_sigma_clamped_to_zero_lets_a_coordinate_step_several_times_lr_where_restart_does_not():
+    """The hazard ``htr_nonpositive="restart"`` avoids, by hand (PyTorch's count kept): after 1,000 steps a coordinate whose gradient is
+    exactly 0 at the σ = 0 step and c afterwards gets m_k = (1 − β₁^k)c and s_k = (1 − β₂^k)c² with bias
+    corrections of step 1,000 + k, so it moves by about lr·(1 − β₁^k)/√(1 − β₂^k) (here 2.5 lr at k = 1, over
+    5 lr at k = 10); a restarted Adam moves it by at most lr."""
+    lr, (b1, b2), c = 1e-3, (0.9, 0.999), 0.7
+    history = _noisy_gradients(1000, 1, 2)
+
+    def steps_after(nonpositive: str) -> list[float]:
+        p = nn.Parameter(torch.zeros(1, dtype=torch.float64))
+        opt = torch.optim.Adam([p], lr=lr, betas=(b1, b2))
+        for grad in history:
+            p.grad = grad
+            opt.step()
+        if nonpositive == "restart":
+            restart_moments(opt, [p])
+        else:
+            saved = apply_htr(opt, [p], 0.0)
+        p.grad = torch.zeros(1, dtype=torch.float64)   # the teleport step's gradient for this coordinate
+        opt.step()
+        if nonpositive != "restart":
+            restore_htr(saved, bias_correction="none")
+        moves = []
+        for _ in range(10):
+            start = float(p.detach())
+            p.grad = torch.full((1,), c, dtype=torch.float64)
+            opt.step()
+            moves.append(abs(float(p.detach()) - start) / lr)
+        return moves
+
+    clamped = steps_after("zero-betas")
+    expected = [(1 - b1 ** k) / (1 - b1 ** (1001 + k)) / math.sqrt((1 - b2 ** k) / (1 - b2 ** (1001 + k)))
+                for k in range(1, 11)]
+    assert clamped == pytest.approx(expected, rel=1e-6)
+    assert min(clamped) > 2.5 and max(clamped) > 5.0
+    restarted = steps_after("restart")
+    # a fresh Adam's first step on g = 0 is 0 (m̂ = 0); from then on m̂/√ŝ: (1 − β₁^k)/(1 − β₁^(k+1)) over
+    # √((1 − β₂^k)/(1 − β₂^(k+1))) with the zero gradient counted as step 1
+    fresh = [((1 - b1 ** k) / (1 - b1 ** (k + 1))) / math.sqrt((1 - b2 ** k) / (1 - b2 ** (k + 1)))
+             for k in range(1, 11)]
+    assert restarted == pytest.approx(fresh, rel=1e-6)
+    assert max(restarted) <= 1.0
+
+
+@pytest.mark.parametrize("sigma", [0.0044, 0.5, 1.0])
+def test_htr_at_adams_first_step_leaves_exactly_a_fresh_adam(sigma):
+    # with no history to reuse, Eq. 13's step is a fresh Adam's first; after the rescale the next 30 steps
+    # are a fresh Adam's too, whatever σ (with PyTorch's count kept, a small σ slows them ~20x)
+    def run(htr: str | None) -> torch.Tensor:
+        p = nn.Parameter(torch.zeros(4, dtype=torch.float64))
+        opt = torch.optim.Adam([p], lr=0.01)
+        for k, grad in enumerate(_noisy_gradients(31, 4, 3)):
+            step = apply_htr(opt, [p], sigma) if htr and k == 0 else None
+            p.grad = grad
+            opt.step()
+            if step is not None:
+                restore_htr(step, bias_correction=htr)
+        return p.detach().clone()
+
+    fresh = run(None)
+    assert torch.allclose(run("rescale"), fresh, rtol=1e-12, atol=1e-15)
+    if sigma < 0.01:
+        moved_none, moved_fresh = run("none").norm(), fresh.norm()
+        assert moved_none < moved_fresh / 5
+
+
+def test_htr_rescale_gives_the_moments_the_weight_adams_bias_correction_assumes():
+    # after t = 40 plain steps and the HTR step (t = 41), by hand: Eq. 13's moments times (1 − β^t)/W′ with
+    # W′ = σβ(1 − β^(t−1)) + 1 − σβ; the next step's bias-corrected moment is then the weighted mean of that
+    # estimate (weight 1 − β^t) and the new gradient (weight 1 − β)
+    sigma, (b1, b2) = 0.3, (0.9, 0.999)
+    p = nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    opt = torch.optim.Adam([p], lr=0.01, betas=(b1, b2))
+    for grad in _noisy_gradients(40, 3, 4):
+        p.grad = grad
+        opt.step()
+    v0, s0 = opt.state[p]["exp_avg"].clone(), opt.state[p]["exp_avg_sq"].clone()
+    g, g_next = torch.tensor([0.3, -1.2, 2.0], dtype=torch.float64), torch.tensor([1.0, 0.5, -0.1],
+                                                                                  dtype=torch.float64)
+    step = apply_htr(opt, [p], sigma)
+    p.grad = g
+    opt.step()
+    restore_htr(step)
+    t = 41
+    for key, beta, old, new in (("exp_avg", b1, v0, g), ("exp_avg_sq", b2, s0, g * g)):
+        eq13 = sigma * beta * old + (1 - sigma * beta) * new
+        held = sigma * beta * (1 - beta ** (t - 1)) + 1 - sigma * beta
+        assert torch.allclose(opt.state[p]["exp_avg_sq" if key == "exp_avg_sq" else "exp_avg"],
+                              eq13 * (1 - beta ** t) / held, rtol=1e-13)
+    p.grad = g_next
+    opt.step()
+    estimate = (sigma * b2 * s0 + (1 - sigma * b2) * g * g) / (sigma * b2 * (1 - b2 ** 40) + 1 - sigma * b2)
+    corrected = opt.state[p]["exp_avg_sq"] / (1 - b2 ** 42)
+    expected = (b2 * (1 - b2 ** 41) * estimate + (1 - b2) * g_next * g_next) / (1 - b2 ** 42)
+    assert torch.allclose(corrected, expected, rtol=1e-12)
+
+
 def test_htr_sigma_is_the_cosine_clamped_at_zero_and_sgd_is_left_alone():
     assert htr_sigma(torch.tensor([1.0, 1.0]), torch.tensor([2.0, 0.0]))[0] == pytest.approx(1 / math.sqrt(2))
     sigma, raw = htr_sigma(torch.tensor([1.0, 0.0]), torch.tensor([-3.0, 0.0]))
@@ -271,7 +406,7 @@ def test_htr_sigma_is_the_cosine_clamped_at_zero_and_sgd_is_left_alone():
     sigma, raw = htr_sigma(torch.ones(3), torch.ones(3))
     assert raw > 1.0 and sigma == 1.0
     p = nn.Parameter(torch.zeros(2))
-    assert apply_htr(torch.optim.SGD([p], lr=0.1, momentum=0.9), [p], 0.5) == []
+    assert not apply_htr(torch.optim.SGD([p], lr=0.1, momentum=0.9), [p], 0.5)
 
 
 # -- options -------------------------------------------------------------------------------------------------
