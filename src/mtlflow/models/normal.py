@@ -41,8 +41,13 @@ Hyper-parameters the thesis does not state, and the values chosen (``architectur
 ``hidden`` = the feature width (the thesis' 512/2048 equal the backbones' widths), ``position_lr``
 = the model's learning rate (η = μ; Algorithm 4 allows a separate η), g autonomous (``time_input``
 false: the thesis writes g(z, t) but gives FC layers with equal input and output widths), joint updates
-of Θ and p (the thesis allows joint or alternating). Ablations: ``learn_positions=false``
-(constant p_i), ``order=1`` (first-order NODE dz/dt = g(z)).
+of Θ and p (the thesis allows joint or alternating). Ablations (Table 5.4): ``learn_positions=false``
+(constant p_i), ``position_param="exp"``, ``order=1`` (first-order NODE dz/dt = g(z)), and
+``replace_ode="shared-layers"`` / ``"task-layers"``: the thesis' "+ task-shared / task-specific layers
+(parameter-matched)" rows, read as the backbone followed by plain layers instead of the ODE. The thesis
+gives no layout; mtlflow uses u's and g's layers (FC → LeakyReLU → FC, twice, a LeakyReLU between),
+shared by every task, or one such stack per task with the hidden width h′ that matches the ODE's
+parameters in total (:func:`matched_task_hidden`; the per-task stacks are task parameters).
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from mtlflow.models.base import MultiTaskModel
 SOLVERS = ("euler", "midpoint", "rk4")
 GRADIENTS = ("adjoint", "direct")
 POSITION_PARAMS = ("free", "exp")
+REPLACEMENTS = ("none", "shared-layers", "task-layers")
 
 
 def _positions_ok(v: Any) -> bool:
@@ -91,6 +97,9 @@ OPTIONS: dict[str, HParam] = {
     "hidden": HParam(None, "hidden width of u and g (default: the feature width, as the thesis)",
                      lambda v: v is None or v >= 1, "an integer >= 1", kind=int),
     "time_input": HParam(False, "g(z, t) reads t as an extra input feature/channel (default: g(z))", kind=bool),
+    "replace_ode": HParam("none", "Table 5.4's parameter-matched rows: the ODE replaced by plain layers shared by "
+                          "every task ('shared-layers') or one stack per task ('task-layers'); 'none' = NORMAL",
+                          one_of(*REPLACEMENTS)),
 }
 
 
@@ -104,6 +113,19 @@ def resolve_options(options: dict[str, Any] | None) -> dict[str, Any]:
 
 def _as_list(value: Any) -> list[float]:
     return [float(v) for v in value] if isinstance(value, list) else [float(value)]
+
+
+def _layer_stack(kind: str, width: int, hidden: int) -> nn.Module:
+    """Two FC → LeakyReLU → FC blocks with a LeakyReLU between: the parameters of the ODE's u and g (ω aside)
+    as plain layers, for Table 5.4's ``replace_ode`` rows."""
+    return nn.Sequential(_two_layer(kind, width, hidden, 0), nn.LeakyReLU(), _two_layer(kind, width, hidden, 0))
+
+
+def matched_task_hidden(width: int, hidden: int, n_tasks: int) -> int:
+    """The hidden width h′ that gives ``n_tasks`` stacks of :func:`_layer_stack` (2(2wh′ + h′ + w) parameters
+    each) together the parameters of one stack of width ``hidden``, rounded to the nearest unit (at least 1)."""
+    per_task = (2 * width * hidden + hidden + width) / n_tasks
+    return max(1, round((per_task - width) / (2 * width + 1)))
 
 
 def _two_layer(kind: str, width: int, hidden: int, extra_inputs: int) -> nn.Module:
@@ -179,7 +201,7 @@ class NormalTrunk(nn.Module):
     """
 
     def __init__(self, backbone: nn.Module, feature_shape: Sequence[int], options: dict[str, Any],
-                 input_index: Sequence[int] | None = None):
+                 input_index: Sequence[int] | None = None, n_tasks: int = 1):
         super().__init__()
         if len(feature_shape) not in (1, 3):
             raise InvalidParameterError(f"normal: the backbone's features have shape {list(feature_shape)} per "
@@ -192,6 +214,13 @@ class NormalTrunk(nn.Module):
         self.order = options["order"]
         self.solver, self.step_size = options["solver"], options["step_size"]
         self.adjoint = options["gradient"] == "adjoint"
+        self.replace_ode = options["replace_ode"]
+        self.layers = _layer_stack(kind, width, hidden) if self.replace_ode == "shared-layers" else None
+        self.task_layers = (nn.ModuleList(_layer_stack(kind, width, matched_task_hidden(width, hidden, n_tasks))
+                                          for _ in range(n_tasks)) if self.replace_ode == "task-layers" else None)
+        if self.replace_ode != "none":
+            self.velocity = self.field = None
+            return
         self.velocity = _two_layer(kind, width, hidden, 0) if self.order == 2 else None
         self.field = HeavyBallField(kind, width, hidden, self.order, options["xi"], options["omega_init"],
                                     options["time_input"])
@@ -212,9 +241,20 @@ class NormalTrunk(nn.Module):
         derivative = self.field(torch.tensor(t, dtype=state[0].dtype, device=state[0].device), state)[0]
         return torch.stack([state[0], derivative])
 
+    def _replaced(self, z0: Tensor, n_tasks: int) -> Tensor:
+        """``replace_ode``: per task the plain layers' output and a zero derivative (the positions do nothing)."""
+        outputs = []
+        for i in range(n_tasks):
+            z = z0 if self.input_index is None else z0[i]
+            y = self.layers(z) if self.task_layers is None else self.task_layers[i](z)
+            outputs.append(torch.stack([y, torch.zeros_like(y)]))
+        return torch.stack(outputs)
+
     def forward(self, x: Any, positions: Tensor) -> Tensor:
         times = [float(p) for p in positions.detach().cpu()]
         z0 = self.initial_features(x)
+        if self.replace_ode != "none":
+            return self._replaced(z0, len(times))
         if self.input_index is None:
             states = solve_at(self.field, self._initial_state(z0), times, self.solver, self.step_size, self.adjoint)
         else:  # every task starts from its own input's features and reads its own position
@@ -256,9 +296,9 @@ class NormalModel(MultiTaskModel):
         if len(initial) != n_tasks:
             raise InvalidParameterError(f"normal: initial_positions has {len(initial)} values for {n_tasks} tasks; "
                                         "give one number or one per task")
-        trunk = NormalTrunk(base.trunk, feature_shape, options, getattr(base, "input_index", None))
-        heads = [TaskPositionHead(head, p, options["position_param"], options["learn_positions"])
-                 for head, p in zip(base.heads, initial)]
+        trunk = NormalTrunk(base.trunk, feature_shape, options, getattr(base, "input_index", None), n_tasks)
+        learn = options["learn_positions"] and options["replace_ode"] == "none"  # without the ODE p_i does nothing
+        heads = [TaskPositionHead(head, p, options["position_param"], learn) for head, p in zip(base.heads, initial)]
         super().__init__(trunk, heads, base.task_names)
         # the new ODE field, velocity map and positions take the base model's dtype: a float64 benchmark
         # (toy, asmg-synthetic) must not feed float64 features into float32 layers
@@ -272,6 +312,10 @@ class NormalModel(MultiTaskModel):
 
     def features(self, x: Any) -> Tensor:
         return self.trunk(x, self.positions().detach())
+
+    def trunk_task_parameters(self, index: int) -> list[nn.Parameter]:
+        """``replace_ode="task-layers"``: task ``index``'s own layer stack (a task parameter, like a head)."""
+        return [] if self.trunk.task_layers is None else list(self.trunk.task_layers[index].parameters())
 
     def forward_heads(self, z: Tensor) -> list[Tensor]:
         return [head(z[i]) for i, head in enumerate(self.heads)]

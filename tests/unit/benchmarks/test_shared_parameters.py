@@ -76,13 +76,16 @@ def test_mtan_attention_masks_are_task_parameters_not_adapter_targets() -> None:
     assert all(".enc_blocks." in t or ".dec_blocks." in t for t in targets if ".attention." in t)
 
 
-@pytest.mark.parametrize("architecture", ["hps", "normal"])
-def test_shared_means_reached_by_every_task_on_multimnist(architecture: str, multimnist_small: Path) -> None:
+@pytest.mark.parametrize("architecture, options", [("hps", None), ("normal", None),
+                                                   ("normal", {"replace_ode": "shared-layers"}),
+                                                   ("normal", {"replace_ode": "task-layers"})])
+def test_shared_means_reached_by_every_task_on_multimnist(architecture: str, options: dict | None,
+                                                          multimnist_small: Path) -> None:
     torch.manual_seed(0)
     bench = benchmarks.get("multimnist")()
     data = bench.load(multimnist_small)
     names = bench.task_names
-    model = build_model(bench, names, architecture, None, probe=data.splits["train"])
+    model = build_model(bench, names, architecture, options, probe=data.splits["train"])
     loader = bench.make_loader(data.splits["train"], 4, generator=torch.Generator().manual_seed(0))
     inputs, _ = bench.unpack(next(iter(loader)))
     _check(model, inputs)

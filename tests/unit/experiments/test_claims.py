@@ -195,7 +195,8 @@ def test_normal_ablation_claims_change_only_the_ablated_choice():
 
     changed = {"normal-ablation-fixed-positions": {"learn_positions"},
                "normal-ablation-exp-positions": {"position_param"}, "normal-ablation-first-order": {"order"},
-               "normal-ablation-different-positions": {"learn_positions", "initial_positions"}}
+               "normal-ablation-different-positions": {"learn_positions", "initial_positions"},
+               "normal-ablation-shared-layers": {"replace_ode"}, "normal-ablation-task-layers": {"replace_ode"}}
     defaults = resolve_options({})
     for key, options in changed.items():
         for scale in claims.SCALES:
@@ -219,7 +220,8 @@ def test_every_seed_paper_table_of_the_issue_has_a_row():
                 "palora-multimnist-accuracy-pamal", "ldcmtl-celeba", "ldcmtl-qm9", "ldcmtl-cityscapes",
                 "ldcmtl-nyuv2", "forum-hypercleaning", "forum-hypercleaning-moco", "normal-office31",
                 "normal-officehome", "normal-nyuv2", "normal-celeba", "normal-ablation-fixed-positions",
-                "normal-ablation-different-positions", "normal-ablation-exp-positions", "normal-ablation-first-order"}
+                "normal-ablation-different-positions", "normal-ablation-exp-positions", "normal-ablation-first-order",
+                "normal-ablation-shared-layers", "normal-ablation-task-layers"}
     assert expected <= set(claims.CLAIMS)
     for key in expected:  # data the machine lacks is named with the option that points at it
         claim = claims.get(key)

@@ -168,8 +168,53 @@ def test_ablations_train_their_positions(options: dict) -> None:
     assert all(float(h.position_parameter.grad) != 0 for h in model.heads)
 
 
+def _ode_parameters(model: NormalModel) -> int:
+    return sum(p.numel() for p in model.trunk.parameters()) - sum(p.numel() for p in model.trunk.backbone.parameters())
+
+
+@pytest.mark.parametrize("feature_shape", [[4], [6, 3, 3]])
+def test_replaced_ode_rows_match_the_odes_parameters_and_place_them_shared_or_per_task(feature_shape) -> None:
+    # Table 5.4's "+ task-shared / task-specific layers (parameter-matched)": the u and g layers of the ODE
+    # (ω aside) as plain layers shared by every task, or one stack per task of hidden width h′ whose total
+    # is the ODE's within one hidden unit per task; the per-task stacks are task parameters, positions idle
+    torch.manual_seed(0)
+    vector = len(feature_shape) == 1
+    backbone = nn.Sequential(nn.Linear(3, 4), nn.Tanh()) if vector else nn.Conv2d(2, 6, 1)
+    width, n_tasks = feature_shape[0], 3
+
+    def head():
+        return nn.Linear(4, 2) if vector else nn.Sequential(nn.Flatten(), nn.Linear(6 * 3 * 3, 2))
+
+    def build(**options) -> NormalModel:
+        base = MultiTaskModel(backbone, [head() for _ in range(n_tasks)], ["a", "b", "c"])
+        return NormalModel(base, feature_shape, {"initial_positions": 1.0, **options})
+
+    ode = _ode_parameters(build())
+    shared_layers, task_layers = build(replace_ode="shared-layers"), build(replace_ode="task-layers")
+    assert _ode_parameters(shared_layers) == ode - 1                              # ω, the damping, aside
+    per_unit = 2 * (2 * width + 1)                                                 # one hidden unit of a stack
+    assert abs(_ode_parameters(task_layers) - (ode - 1)) <= n_tasks * per_unit / 2
+    x = torch.randn(5, 3) if vector else torch.randn(5, 2, 3, 3)
+    expected = task_layers.trunk.task_layers[1](backbone(x))
+    torch.testing.assert_close(task_layers.features(x)[1, 0], expected)
+    torch.testing.assert_close(shared_layers.features(x)[2, 0], shared_layers.trunk.layers(backbone(x)))
+    names = {id(p): n for n, p in task_layers.named_parameters()}
+    assert {names[id(p)].split(".")[1] for p in task_layers.shared_parameters()} == {"backbone"}
+    for i in range(n_tasks):
+        own = {names[id(p)] for p in task_layers.task_parameters(i)}
+        assert {n for n in own if n.startswith("trunk.")} == {f"trunk.task_layers.{i}.{n}" for n, _ in
+                                                            task_layers.trunk.task_layers[i].named_parameters()}
+    shared_names = {id(p): n for n, p in shared_layers.named_parameters()}
+    assert {shared_names[id(p)].split(".")[1] for p in shared_layers.shared_parameters()} == {"backbone", "layers"}
+    assert not any(h.position_parameter.requires_grad for h in shared_layers.heads + task_layers.heads)
+    # task i's loss reaches only its own stack
+    task_losses(task_layers, x)[0].backward()
+    assert all(p.grad is None or not p.grad.any() for p in task_layers.trunk.task_layers[1].parameters())
+    assert any(p.grad.any() for p in task_layers.trunk.task_layers[0].parameters())
+
+
 def test_options_are_validated() -> None:
-    for bad in ({"step_size": 0}, {"solver": "dopri5"}, {"order": 3}, {"initial_positions": "one"},
+    for bad in ({"step_size": 0}, {"solver": "dopri5"}, {"order": 3}, {"initial_positions": "one"}, {"replace_ode": "mlp"},
                 {"position_param": "exp", "initial_positions": -1.0}, {"unknown": 1}):
         with pytest.raises(InvalidParameterError):
             resolve_options(bad)
