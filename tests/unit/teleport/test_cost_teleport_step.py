@@ -471,10 +471,11 @@ class _BetasRecorder(Callback):
         self.betas = [list(g["betas"]) for g in trainer.optimizer.param_groups]
 
 
+@pytest.mark.parametrize("raw", [-0.4, 0.0])
 @pytest.mark.parametrize("nonpositive", ["restart", "zero-betas"])
 def test_a_teleport_against_the_reference_gradient_restarts_adam_for_the_trunk_or_clamps_sigma(
-        multimnist_small, tmp_path, monkeypatch, nonpositive):
-    # σ = cos(Δθ, g′) ≤ 0 (here forced to −0.4): "restart" drops the Adam state of the trunk's groups, so the
+        multimnist_small, tmp_path, monkeypatch, nonpositive, raw):
+    # σ = cos(Δθ, g′) ≤ 0 (forced; 0 included): "restart" drops the Adam state of the trunk's groups, so the
     # teleport step is their step 1; "zero-betas" steps them with β = (0, 0) on step 2
     trainer = _trainer(multimnist_small, tmp_path, steps=1, htr_nonpositive=nonpositive, delay_epochs=1)
     cost = trainer.callbacks[0]
@@ -483,7 +484,7 @@ def test_a_teleport_against_the_reference_gradient_restarts_adam_for_the_trunk_o
     batches = iter(trainer._loader(1))
     trainer.train_step(next(batches), 1)              # an ordinary step (delayed start): every tensor on step 1
     cost.on_epoch_start(trainer, 2)
-    monkeypatch.setattr(callback, "htr_sigma", lambda displacement, reference: (0.0, -0.4))
+    monkeypatch.setattr(callback, "htr_sigma", lambda displacement, reference: (0.0, raw))
     trainer.train_step(next(batches), 2)
     (event,) = cost._events
     trunk = {id(p) for p in trainer.shared}
@@ -500,3 +501,22 @@ def test_a_teleport_against_the_reference_gradient_restarts_adam_for_the_trunk_o
         assert event["htr_restarted"] is False and steps == {2}
         assert event["htr_betas"] == [[0.0, 0.0]] * len(trunk_groups)
     assert trainer.optimizer.param_groups[0]["betas"] == (0.9, 0.999)
+
+
+def test_the_callback_rescales_adams_moments_after_the_htr_step_unless_told_not_to(multimnist_small, tmp_path,
+                                                                                   monkeypatch):
+    # σ forced to 0.5 on Adam's step 2: with "rescale" the trunk's first moment is Eq. 13's times
+    # (1 − β₁²)/(σβ₁(1 − β₁) + 1 − σβ₁); with "none" it is Eq. 13's (same seed, same batches, same gradients)
+    monkeypatch.setattr(callback, "htr_sigma", lambda displacement, reference: (0.5, 0.5))
+    moments = {}
+    for choice in ("rescale", "none"):
+        trainer = _trainer(multimnist_small, tmp_path / choice, steps=1, delay_epochs=1, htr_bias_correction=choice)
+        batches = iter(trainer._loader(1))
+        trainer.train_step(next(batches), 1)
+        trainer.callbacks[0].on_epoch_start(trainer, 2)
+        trainer.train_step(next(batches), 2)
+        (event,) = trainer.callbacks[0]._events
+        assert event["htr_betas"][0] == [0.45, 0.4995]
+        moments[choice] = trainer.optimizer.state[trainer.shared[0]]["exp_avg"].clone()
+    factor = (1 - 0.9 ** 2) / (0.5 * 0.9 * (1 - 0.9) + 1 - 0.5 * 0.9)
+    torch.testing.assert_close(moments["rescale"], factor * moments["none"], rtol=1e-12, atol=1e-15)

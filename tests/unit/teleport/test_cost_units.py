@@ -345,13 +345,15 @@ def test_htr_with_sigma_clamped_to_zero_lets_a_coordinate_step_several_times_lr_
     assert max(restarted) <= 1.0
 
 
+@pytest.mark.parametrize("amsgrad", [False, True])
 @pytest.mark.parametrize("sigma", [0.0044, 0.5, 1.0])
-def test_htr_at_adams_first_step_leaves_exactly_a_fresh_adam(sigma):
+def test_htr_at_adams_first_step_leaves_exactly_a_fresh_adam(sigma, amsgrad):
     # with no history to reuse, Eq. 13's step is a fresh Adam's first; after the rescale the next 30 steps
-    # are a fresh Adam's too, whatever σ (with PyTorch's count kept, a small σ slows them ~20x)
+    # are a fresh Adam's too, whatever σ (with PyTorch's count kept, a small σ slows them ~20x); AMSGrad's
+    # running maximum of the second moment is rescaled with it
     def run(htr: str | None) -> torch.Tensor:
         p = nn.Parameter(torch.zeros(4, dtype=torch.float64))
-        opt = torch.optim.Adam([p], lr=0.01)
+        opt = torch.optim.Adam([p], lr=0.01, amsgrad=amsgrad)
         for k, grad in enumerate(_noisy_gradients(31, 4, 3)):
             step = apply_htr(opt, [p], sigma) if htr and k == 0 else None
             p.grad = grad
@@ -365,6 +367,24 @@ def test_htr_at_adams_first_step_leaves_exactly_a_fresh_adam(sigma):
     if sigma < 0.01:
         moved_none, moved_fresh = run("none").norm(), fresh.norm()
         assert moved_none < moved_fresh / 5
+
+
+@pytest.mark.parametrize("bias_correction", ["rescale", "none"])
+def test_htr_restores_every_group_and_rescales_past_tensors_that_did_not_step(bias_correction):
+    # two Adam groups hold the shared tensors; the first tensor of the first group got no gradient, so Adam
+    # kept no state for it: every group gets its betas back and the tensors that stepped are rescaled
+    unused, used, other = (nn.Parameter(torch.zeros(2, dtype=torch.float64)) for _ in range(3))
+    opt = torch.optim.Adam([{"params": [unused, used]}, {"params": [other], "lr": 0.01}], lr=0.1)
+    step = apply_htr(opt, [unused, used, other], 0.5)
+    assert [g["betas"] for g in opt.param_groups] == [(0.45, 0.4995)] * 2
+    used.grad, other.grad = torch.ones(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64)
+    opt.step()
+    restore_htr(step, bias_correction)
+    assert [g["betas"] for g in opt.param_groups] == [(0.9, 0.999)] * 2 and unused not in opt.state
+    rescaled = bias_correction == "rescale"
+    for p in (used, other):  # at t = 1 the rescale makes the moments a fresh Adam's: (1 − β)·g
+        expected = 0.1 if rescaled else 0.55
+        assert torch.allclose(opt.state[p]["exp_avg"], torch.full((2,), expected, dtype=torch.float64))
 
 
 def test_htr_rescale_gives_the_moments_the_weight_adams_bias_correction_assumes():
