@@ -414,6 +414,7 @@ run_palora_front = SeedwiseRunner(_palora_front_seed, _palora_front_combine)
 # left every method near 57 % and most comparisons empty)
 _MULTIMNIST_CI = {"benchmark": "multimnist", "data_options": {"n_train": 2000, "n_val": 200, "n_test": 500},
                   "train": {"epochs": 40}}
+_MULTIMNIST_CI_TEXT = "MultiMNIST (2,000 training images of the shipped digits), LeNet, 40 epochs (320 steps), 3 seeds"
 _MULTIMNIST_PAPER = {"benchmark": "multimnist", "data_options": {"mnist_dir": "../shared/realdata/mnist"},
                      "train": {}}
 
@@ -433,8 +434,8 @@ def _cost_gain(key: str, source: str, benchmark: str, paper_text: str, differenc
         lower_is_better=True, runner=run_trained_gain, data=data,
         scales={"paper": Scale(f"{benchmark}, the benchmark recipe (epochs, batch, model), COST's defaults "
                                "(dominated trigger), 3 seeds", config(paper_config)),
-                "ci": Scale("MultiMNIST (2,000 training images of the shipped digits), LeNet, 40 epochs (320 steps), COST's "
-                            "defaults, 3 seeds", config(_MULTIMNIST_CI))},
+                "ci": Scale("MultiMNIST (2,000 training images of the shipped digits), LeNet, 40 epochs (320 steps), "
+                            "COST's defaults, 3 seeds", config(_MULTIMNIST_CI))},
         if_not="the dominated-conflict trigger rarely or never fires on MultiMNIST (docs/research/cost.md), so "
                "COST is FairGrad there; the ci scale is not the paper's benchmark")
 
@@ -442,8 +443,8 @@ def _cost_gain(key: str, source: str, benchmark: str, paper_text: str, differenc
 def _trained(key: str, paper: str, source: str, statement: str, paper_text: str, difference: float,
              metric: str, method: Mapping[str, Any], baseline: Mapping[str, Any], paper_common: Mapping[str, Any],
              paper_description: str, data: str | None, if_not: str, ci_common: Mapping[str, Any] = _MULTIMNIST_CI,
-             ci_description: str = "MultiMNIST (2,000 training images of the shipped digits), LeNet, 40 epochs (320 steps), "
-                                   "3 seeds", ci_sides: Mapping[str, Mapping[str, Any]] | None = None) -> Claim:
+             ci_description: str = _MULTIMNIST_CI_TEXT,
+             ci_sides: Mapping[str, Mapping[str, Any]] | None = None) -> Claim:
     def config(common: Mapping[str, Any], sides: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
         sides = sides or {"method": method, "baseline": baseline}
         return {**common, "metric": metric, "method": dict(sides["method"]), "baseline": dict(sides["baseline"])}
@@ -485,16 +486,23 @@ _OFFICE31 = {"benchmark": "office31", "data_options": {}, "train": {}}
 # trigger: the paper's dominated trigger never fires on MultiMNIST (docs/research/cost.md), so every row would be
 # FairGrad's own run and the comparison empty.
 _COST_FULL = {"label": "fairgrad-cost", "method": "fairgrad", "teleport": "cost"}
-_COST_WEAK = {"label": "fairgrad-cost-weak", "method": "fairgrad", "teleport": "cost",
-              "teleport_options": {"trigger": "weak"}}
+
+
+def _cost_weak(method: str) -> dict[str, Any]:
+    """``method`` + COST with the weak trigger (Def. 1): the ci scale's COST, where Eq. 3 never fires."""
+    return {"label": f"{method}-cost-weak", "method": method, "teleport": "cost",
+            "teleport_options": {"trigger": "weak"}}
+
+
+_COST_WEAK = _cost_weak("fairgrad")
 _COST_ABLATED = {row: {"paper": {"label": f"fairgrad-cost-{row}", "method": "fairgrad", "teleport": "cost",
                                  "teleport_options": options},
                        "ci": {"label": f"fairgrad-cost-weak-{row}", "method": "fairgrad", "teleport": "cost",
                               "teleport_options": {"trigger": "weak", **options}}}
                  for row, options in {"no-lt": {"use_invariance": False}, "no-lg": {"use_sharpness": False},
                                       "no-htr": {"htr": False}, "loha": {"adapter": "loha"}}.items()}
-_COST_ABLATION_CI = ("MultiMNIST (2,000 training images of the shipped digits), LeNet, 40 epochs (320 steps), 3 seeds; both "
-                     "sides with COST's weak trigger (the dominated one never fires here)")
+_COST_ABLATION_CI = (f"{_MULTIMNIST_CI_TEXT}; both sides with COST's weak trigger (the dominated one never fires "
+                     "here)")
 _COST_ABLATION_IF_NOT = ("the ci scale is MultiMNIST with the weak trigger, not CityScapes with the dominated one; "
                          "teleports per run and the telemetry are in the result file (`mtlflow ablate cost` gives "
                          "the whole table)")
@@ -502,16 +510,10 @@ _COST_ABLATION_IF_NOT = ("the ci scale is MultiMNIST with the weak trigger, not 
 # from corrupted samples (docs/research/thesis.md); 300 images for 4 epochs (12 iterations) stayed near chance
 _HYPERCLEANING_CI = {"benchmark": "hypercleaning", "data_options": {"n_train": 1000, "n_val": 200, "n_test": 500},
                      "train": {"epochs": 20}}
-_HYPERCLEANING_CI_TEXT = "two pools of shipped digits, 1,000 noisy images each, 20 epochs (200 UL iterations), T = 8, 3 seeds"
+_HYPERCLEANING_CI_TEXT = ("two pools of shipped digits, 1,000 noisy images each, 20 epochs (200 UL iterations), T = 8, "
+                          "3 seeds")
 # COST plugged into another base method (Tables 5, 6): at ci scale with the weak trigger, for the reason above
-
-
-def _cost_weak(method: str) -> dict[str, Any]:
-    return {"label": f"{method}-cost-weak", "method": method, "teleport": "cost", "teleport_options": {"trigger": "weak"}}
-
-
-_COST_PLUGIN_CI = ("MultiMNIST (2,000 training images of the shipped digits), LeNet, 40 epochs (320 steps), 3 seeds; COST with "
-                   "its weak trigger (the dominated one never fires here)")
+_COST_PLUGIN_CI = f"{_MULTIMNIST_CI_TEXT}; COST with its weak trigger (the dominated one never fires here)"
 _COST_PLUGIN_IF_NOT = ("the ci scale is MultiMNIST with the weak trigger, not the paper's benchmark with the dominated "
                        "one; teleports per run are in the row")
 # NORMAL's ablation (thesis Table 5.4): the architecture with one choice changed (mtlflow.models.normal's options)
@@ -540,24 +542,21 @@ CLAIMS: dict[str, Claim] = {c.key: c for c in [
     _cost_gain("cost-celeba", "Table 3 (Δm%)", "CelebA", "0.93 ± 0.2 vs FairGrad-R 1.15", -0.22,
                {"benchmark": "celeba", "data_options": {}, "train": {}},
                "CelebA (not shipped, 1.4 GB): --data-dir DIR"),
-    _trained("cost-ablation-no-lt", "COST", "Table 4 (CityScapes Δm%; rows reconstructed from Sec. 5.2's text)",
-             "full COST (L_t, L_g, HTR) has a lower Δm% than COST without the loss-invariance term L_t",
-             "4.30 vs w/o L_t 381.86", -377.56, "delta_m", _COST_FULL, _COST_ABLATED["no-lt"]["paper"], _CITYSCAPES,
-             "CityScapes, the benchmark recipe, FairGrad + COST (dominated trigger) with and without L_t, 3 seeds",
-             "CityScapes (not shipped): --data-dir DIR", _COST_ABLATION_IF_NOT, ci_description=_COST_ABLATION_CI,
-             ci_sides={"method": _COST_WEAK, "baseline": _COST_ABLATED["no-lt"]["ci"]}),
-    _trained("cost-ablation-no-lg", "COST", "Table 4 (CityScapes Δm%; rows reconstructed from Sec. 5.2's text)",
-             "full COST has a lower Δm% than COST without the gradient-maximisation term L_g",
-             "4.30 vs w/o L_g 7.90", -3.60, "delta_m", _COST_FULL, _COST_ABLATED["no-lg"]["paper"], _CITYSCAPES,
-             "CityScapes, the benchmark recipe, FairGrad + COST (dominated trigger) with and without L_g, 3 seeds",
-             "CityScapes (not shipped): --data-dir DIR", _COST_ABLATION_IF_NOT, ci_description=_COST_ABLATION_CI,
-             ci_sides={"method": _COST_WEAK, "baseline": _COST_ABLATED["no-lg"]["ci"]}),
-    _trained("cost-ablation-no-htr", "COST", "Table 4 (CityScapes Δm%) / Sec. 5.2",
-             "full COST has a lower Δm% than COST without historical trajectory reuse (HTR)",
-             "4.30 vs w/o HTR 4.65", -0.35, "delta_m", _COST_FULL, _COST_ABLATED["no-htr"]["paper"], _CITYSCAPES,
-             "CityScapes, the benchmark recipe, FairGrad + COST (dominated trigger) with and without HTR, 3 seeds",
-             "CityScapes (not shipped): --data-dir DIR", _COST_ABLATION_IF_NOT, ci_description=_COST_ABLATION_CI,
-             ci_sides={"method": _COST_WEAK, "baseline": _COST_ABLATED["no-htr"]["ci"]}),
+    *[_trained(f"cost-ablation-{row}", "COST", source, statement, paper_text, value, "delta_m", _COST_FULL,
+               _COST_ABLATED[row]["paper"], _CITYSCAPES, "CityScapes, the benchmark recipe, FairGrad + COST (dominated "
+               f"trigger) with and without {component}, 3 seeds", "CityScapes (not shipped): --data-dir DIR",
+               _COST_ABLATION_IF_NOT, ci_description=_COST_ABLATION_CI,
+               ci_sides={"method": _COST_WEAK, "baseline": _COST_ABLATED[row]["ci"]})
+      for row, component, source, statement, paper_text, value in (
+          ("no-lt", "L_t", "Table 4 (CityScapes Δm%; rows reconstructed from Sec. 5.2's text)",
+           "full COST (L_t, L_g, HTR) has a lower Δm% than COST without the loss-invariance term L_t",
+           "4.30 vs w/o L_t 381.86", -377.56),
+          ("no-lg", "L_g", "Table 4 (CityScapes Δm%; rows reconstructed from Sec. 5.2's text)",
+           "full COST has a lower Δm% than COST without the gradient-maximisation term L_g", "4.30 vs w/o L_g 7.90",
+           -3.60),
+          ("no-htr", "HTR", "Table 4 (CityScapes Δm%) / Sec. 5.2",
+           "full COST has a lower Δm% than COST without historical trajectory reuse (HTR)", "4.30 vs w/o HTR 4.65",
+           -0.35))],
     _trained("cost-trigger-dominated", "COST", "Table 7 (CityScapes Δm%)",
              "COST triggered by dominated conflict (Eq. 3) has a lower Δm% than triggered by weak conflict (Def. 1)",
              "COST-dominated 4.30 vs COST-weak 6.94", -2.64, "delta_m", _COST_FULL, _COST_WEAK, _CITYSCAPES,
@@ -565,7 +564,7 @@ CLAIMS: dict[str, Claim] = {c.key: c for c in [
              "CityScapes (not shipped): --data-dir DIR",
              "the dominated trigger never fires on MultiMNIST (the dominated side is FairGrad's run); the ci scale "
              "is not CityScapes",
-             ci_description="MultiMNIST (2,000 training images of the shipped digits), LeNet, 40 epochs (320 steps), 3 seeds"),
+             ci_description=_MULTIMNIST_CI_TEXT),
     _trained("cost-adapter-lora", "COST", "Table 8 (CityScapes Δm%)",
              "COST with a LoRA adapter has a lower Δm% than with LoHa (OFT, the table's third row, is not run: "
              "peft's OFT is wrong on Conv2d layers)",
@@ -574,30 +573,23 @@ CLAIMS: dict[str, Claim] = {c.key: c for c in [
              "LoHa adapter (rank 5), 3 seeds", "CityScapes (not shipped): --data-dir DIR", _COST_ABLATION_IF_NOT,
              ci_description=_COST_ABLATION_CI,
              ci_sides={"method": _COST_WEAK, "baseline": _COST_ABLATED["loha"]["ci"]}),
-    _trained("cost-plugin-cagrad", "COST", "Table 5 (CityScapes Δm%)",
-             "COST plugged into CAGrad lowers CAGrad's Δm% on CityScapes",
-             "CAGrad + COST 8.37 vs CAGrad 11.58", -3.21, "delta_m",
-             {"label": "cagrad-cost", "method": "cagrad", "teleport": "cost"}, {"label": "cagrad", "method": "cagrad"},
-             _CITYSCAPES, "CityScapes, the benchmark recipe, COST's defaults (dominated trigger), 3 seeds",
-             "CityScapes (not shipped): --data-dir DIR", _COST_PLUGIN_IF_NOT, ci_description=_COST_PLUGIN_CI,
-             ci_sides={"method": _cost_weak("cagrad"), "baseline": {"label": "cagrad", "method": "cagrad"}}),
-    _trained("cost-plugin-nashmtl", "COST", "Table 5 (CityScapes Δm%)",
-             "COST plugged into Nash-MTL lowers Nash-MTL's Δm% on CityScapes (the paper's Nash-R: FAMO's "
-             "implementation; mtlflow's nashmtl is Navon et al.'s algorithm)",
-             "Nash-R + COST 7.15 vs Nash-R 9.89", -2.74, "delta_m",
-             {"label": "nashmtl-cost", "method": "nashmtl", "teleport": "cost"},
-             {"label": "nashmtl", "method": "nashmtl"},
-             _CITYSCAPES, "CityScapes, the benchmark recipe, COST's defaults (dominated trigger), 3 seeds",
-             "CityScapes (not shipped): --data-dir DIR", _COST_PLUGIN_IF_NOT, ci_description=_COST_PLUGIN_CI,
-             ci_sides={"method": _cost_weak("nashmtl"), "baseline": {"label": "nashmtl", "method": "nashmtl"}}),
-    _trained("cost-plugin-cagrad-nyuv2", "COST", "Table 6 (NYUv2 Δm%)",
-             "COST plugged into CAGrad lowers CAGrad's Δm% on NYUv2",
-             "CAGrad + COST −1.61 vs CAGrad 0.29", -1.90, "delta_m",
-             {"label": "cagrad-cost", "method": "cagrad", "teleport": "cost"}, {"label": "cagrad", "method": "cagrad"},
-             _NYUV2, "NYUv2, the benchmark recipe, COST's defaults (dominated trigger), 3 seeds",
-             "NYUv2 (not shipped): --data-dir DIR", _COST_PLUGIN_IF_NOT + " (it shares the runs of cost-plugin-cagrad)",
-             ci_description=_COST_PLUGIN_CI,
-             ci_sides={"method": _cost_weak("cagrad"), "baseline": {"label": "cagrad", "method": "cagrad"}}),
+    *[_trained(key, "COST", source, statement, paper_text, value, "delta_m",
+               {"label": f"{base}-cost", "method": base, "teleport": "cost"}, {"label": base, "method": base},
+               common, f"{benchmark}, the benchmark recipe, COST's defaults (dominated trigger), 3 seeds",
+               f"{benchmark} (not shipped): --data-dir DIR", _COST_PLUGIN_IF_NOT + shares,
+               ci_description=_COST_PLUGIN_CI,
+               ci_sides={"method": _cost_weak(base), "baseline": {"label": base, "method": base}})
+      for key, base, source, benchmark, common, statement, paper_text, value, shares in (
+          ("cost-plugin-cagrad", "cagrad", "Table 5 (CityScapes Δm%)", "CityScapes", _CITYSCAPES,
+           "COST plugged into CAGrad lowers CAGrad's Δm% on CityScapes", "CAGrad + COST 8.37 vs CAGrad 11.58", -3.21,
+           ""),
+          ("cost-plugin-nashmtl", "nashmtl", "Table 5 (CityScapes Δm%)", "CityScapes", _CITYSCAPES,
+           "COST plugged into Nash-MTL lowers Nash-MTL's Δm% on CityScapes (the paper's Nash-R: FAMO's "
+           "implementation; mtlflow's nashmtl is Navon et al.'s algorithm)", "Nash-R + COST 7.15 vs Nash-R 9.89",
+           -2.74, ""),
+          ("cost-plugin-cagrad-nyuv2", "cagrad", "Table 6 (NYUv2 Δm%)", "NYUv2", _NYUV2,
+           "COST plugged into CAGrad lowers CAGrad's Δm% on NYUv2", "CAGrad + COST −1.61 vs CAGrad 0.29", -1.90,
+           " (it shares the runs of cost-plugin-cagrad)"))],
     Claim(key="cost-time-overhead", paper="COST", source="Sec. 5 / Fig. 11 (CelebA)",
           statement="COST costs about 30 % more time per epoch than its base method",
           paper_text="≈ +30 % per epoch (CelebA, figure only)", paper_value=0.30,

@@ -243,6 +243,9 @@ class NormalTrunk(nn.Module):
 
     def _replaced(self, z0: Tensor, n_tasks: int) -> Tensor:
         """``replace_ode``: per task the plain layers' output and a zero derivative (the positions do nothing)."""
+        if self.task_layers is None and self.input_index is None:  # one input through shared layers: once
+            y = self.layers(z0)
+            return torch.stack([torch.stack([y, torch.zeros_like(y)])] * n_tasks)
         outputs = []
         for i in range(n_tasks):
             z = z0 if self.input_index is None else z0[i]
