@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 
-.PHONY: install demo readme-table test test-deps docs compile clean image image-push mutation wheels base-image e2e
+.PHONY: install demo demo-tuned tuned-table readme-table lint test test-deps docs compile clean image image-push mutation wheels base-image e2e
 
 # pip only: it is the one installer that sees the machine's local wheel cache (torch is a 5.5 GB CUDA build).
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml setup.py
@@ -24,16 +24,40 @@ demo: install
 readme-table: install
 	$(PY) tools/demo_table.py update demo/results/results.json
 
+# The tuned sweep on the docs' 400-row real table (churn.csv: real scm20d rows, tools/tuned_table.py; the shared
+# real-data folder must be present): every method and single-task reference tuned under the same budget, retrained
+# and at its defaults with 3 seeds each, into demo-tuned/ (tune/tune-report.html, tune/tune-results.md).
+# `make tuned-table` copies its table into docs/guides/tuning.md and docs/results/demo-tuned.json (a test checks both).
+DEMO_TUNED_ARGS ?= --methods ls,mgda,famo,fairgrad --budget-trials 6 --epochs 20 --retrain-seeds 3
+demo-tuned: install
+	$(PY) tools/tuned_table.py table demo-tuned/churn.csv
+	cd demo-tuned && ../$(VENV)/bin/mtlflow spec init churn.csv --tasks churned,spend,plan --out churn.yaml --overwrite
+	$(VENV)/bin/mtlflow tune --spec demo-tuned/churn.yaml --out demo-tuned/tune --threads 1 --no-progress \
+	  $(DEMO_TUNED_ARGS) $(if $(wildcard demo-tuned/tune/plan.json),--resume)
+
+tuned-table: install
+	$(PY) tools/tuned_table.py update demo-tuned/tune
+
 # One pytest worker per core (pytest-xdist): the suite runs mostly one core at a time (subprocesses, small models),
 # so two workers on the 2-core machine take it from 18 to 12 minutes. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= auto
-test: install test-deps docs
+test: install lint test-deps docs
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS)
+
+# ruff: pyflakes, isort, bugbear, pyupgrade and function-local imports ([tool.ruff] in pyproject.toml) over src/,
+# components/, pipelines/, tools/ and tests/; tests/unit/core/test_house.py runs the same check inside the suite.
+lint: install
+	$(VENV)/bin/ruff check --quiet
 
 # The documentation site, strict: a broken link, page or docstring reference fails the build (and `make test`).
 export NO_MKDOCS_2_WARNING := 1
 docs: install
 	$(VENV)/bin/mkdocs build --strict --quiet -d build/site
+
+# components/*/README.md and metadata.yaml from the components' code (tools/component_docs.py; a test fails when stale)
+.PHONY: component-docs
+component-docs: install
+	$(PY) tools/component_docs.py write
 
 # docs/research/claims.md from the stored claim results (docs/research/claims/*.json); `mtlflow reproduce CLAIM` adds one.
 .PHONY: claims-ledger
@@ -61,7 +85,7 @@ compile: install
 	MTLFLOW_IMAGE=$(IMAGE) $(VENV)/bin/mtlflow pipeline compile --all --out-dir build $(if $(PROFILE),--profile $(PROFILE))
 
 clean:
-	rm -rf build demo runs .pytest_cache
+	rm -rf build demo demo-tuned runs .pytest_cache
 
 # The project image (Dockerfile, docs/guides/image.md), built offline: the base from debootstrap when BASE_IMAGE is
 # not present locally (`make base-image`; a registry image given as BASE_IMAGE is pulled by docker build instead),

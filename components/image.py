@@ -2,4 +2,6 @@
 
 import os
 
-IMAGE = os.environ.get("MTLFLOW_IMAGE", "ghcr.io/mtlflow/mtlflow-python:0.1.0")
+#: the image of this release (the Makefile's IMAGE default); the component docs name this one
+DEFAULT_IMAGE = "ghcr.io/mtlflow/mtlflow-python:0.1.0"
+IMAGE = os.environ.get("MTLFLOW_IMAGE", DEFAULT_IMAGE)

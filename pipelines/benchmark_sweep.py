@@ -1,10 +1,14 @@
-r"""benchmark_sweep: version the data, train every (method, seed) and the single-task references,
-evaluate, compare -- and always record how the run ended.
+r"""benchmark_sweep: version the data, train every (method, seed) and the single-task references, fit the
+per-task baselines, evaluate, compare -- and always record how the run ended.
 
     ExitHandler(record_status) {
       prepare_data (DVC push) ─┬─ plan_runs ──────── ParallelFor(train → evaluate) ─┐
-                               └─ plan_references ── ParallelFor(train) ────────────┴─ aggregate
+                               ├─ plan_references ── ParallelFor(train) ────────────┤
+                               └─ plan_baselines ─── ParallelFor(baseline) ─────────┴─ aggregate
     }
+
+The baselines (trivial always, hgb and linear for a table: planned from the prepared data) are rows of the
+comparison, never in its scores; they are cached by the data's content hash on the checkpoints volume.
 
 On the cluster every ``train`` requests one GPU, CPU and memory, is retried with back-off and keeps
 its run directory on the checkpoints PVC under a key of its inputs (spec, data content hash, epochs,
@@ -24,6 +28,7 @@ from typing import List
 from kfp import dsl
 
 from mtlflow.components.aggregate.component import aggregate
+from mtlflow.components.baseline.component import baseline, plan_baselines
 from mtlflow.components.evaluate.component import evaluate
 from mtlflow.components.plan_runs.component import plan_references, plan_runs
 from mtlflow.components.prepare_data.component import prepare_data
@@ -74,6 +79,19 @@ def training(layout: StorageLayout, data, run_spec, epochs, train_options, pushg
     return cluster.uncached(cluster.gpu_training(task, layout))
 
 
+def baselines(layout: StorageLayout, data) -> dsl.PipelineTask:
+    """The per-task baselines of ``data``, one task per kind that fits it (planned from the prepared data: the
+    trivial one always, hgb and linear for a table), cached by data hash on the checkpoints volume, so a sweep
+    of the same data refits none; the last task of the loop, whose ``run`` outputs ``dsl.Collected`` gathers."""
+    kinds = cluster.light(plan_baselines(data=data))
+    kinds.set_display_name("plan baselines")
+    with dsl.ParallelFor(kinds.output) as kind:
+        fitted = baseline(data=data, kind=kind, cache_root=layout.checkpoints)
+        fitted.set_display_name("fit baseline")
+        cluster.mount(cluster.light(fitted), layout, "mtlflow-checkpoints")
+    return fitted
+
+
 def build_benchmark_sweep(parallelism: int = PARALLELISM, storage_root: str = CLUSTER_ROOT):
     """The sweep with ``parallelism`` concurrent training tasks per loop -- capped so that both loops together
     fit the cluster profile's ``gpu_quota`` -- and its state (DVC remote and cache, checkpoints, status
@@ -112,10 +130,11 @@ def build_benchmark_sweep(parallelism: int = PARALLELISM, storage_root: str = CL
             with dsl.ParallelFor(refs.output, parallelism=per_loop) as ref_spec:
                 reference = training(layout, data, ref_spec, epochs, train_options, pushgateway, "benchmark_sweep")
                 reference.set_display_name("train single-task reference")
+            fitted = baselines(layout, data)
             # not cached: a cached comparison would push nothing to the Pushgateway
             cluster.uncached(cluster.light(aggregate(
                 runs=dsl.Collected(trained.outputs["run"]), references=dsl.Collected(reference.outputs["run"]),
                 method_set=methods, pushgateway=pushgateway, pipeline_name="benchmark_sweep",
-                run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER)))
+                run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, baselines=dsl.Collected(fitted.outputs["run"]))))
 
     return benchmark_sweep

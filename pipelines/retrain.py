@@ -2,7 +2,8 @@ r"""retrain: retrain the production method on a new data version and promote it 
 the champion.
 
     ExitHandler(record_status) {
-      prepare_data (pull data_version or prepare + DVC push) → plan_run → train (GPU, resumable)
+      prepare_data (pull data_version or prepare + DVC push) → tuned_run (the candidate: method and hparams,
+        or a tune.json's winner, `tuned`) → train (GPU, resumable)
         → evaluate (test) → compare_to_champion (candidate AND champion on the new test split)
         ── If(better) → promote (model store, atomic)
     }
@@ -10,17 +11,20 @@ the champion.
 The champion lives in the model store (``<storage>/models/<benchmark>/champion.json``, on the models
 PVC on the cluster). ``compare_to_champion`` takes the new prepared data and evaluates the candidate
 and the champion's ``model.pt`` on its test split: the champion's stored metrics, measured on the data
-version it was trained on, are never compared. It promotes when the candidate is better with confidence
-(paired bootstrap over the test examples, Bonferroni over the tasks; :mod:`mtlflow.metrics.paired`) by at
-least ``min_improvement``. ``promote`` stores the decision with the model and checks, under the store's
-lock, that the decision was made against the champion still in place.
+version it was trained on, are never compared, nor the test rows the champion trained on. It promotes when
+the candidate is better with confidence (paired bootstrap over the test examples;
+:mod:`mtlflow.metrics.paired`) by at least ``min_improvement`` and non-inferior on every task (Bonferroni
+over the tasks, within ``non_inferiority_margin``). ``promote`` stores the decision with the model and
+checks, under the store's lock, that the decision was made against the champion still in place; the
+outcome decided there (promoted, or kept because another retrain promoted first) is what the decision
+record, ``retrain.json``, Prometheus and the UI report.
 """
 
 from kfp import dsl
 
 from mtlflow.components.evaluate.component import evaluate
-from mtlflow.components.plan_runs.component import plan_run
 from mtlflow.components.promote.component import compare_to_champion, promote
+from mtlflow.components.tune.component import tuned_run
 from mtlflow.config.pipeline import RetrainConfig
 from mtlflow.ops.storage import CLUSTER_ROOT, StorageLayout
 from mtlflow.pipelines import cluster
@@ -49,26 +53,32 @@ def build_retrain(parallelism: int = PARALLELISM, storage_root: str = CLUSTER_RO
         epochs: int = DEFAULTS["epochs"],
         train_options: dict = DEFAULTS["train_options"],
         min_improvement: float = DEFAULTS["min_improvement"],
+        non_inferiority_margin: dict = DEFAULTS["non_inferiority_margin"],
+        tuned: str = DEFAULTS["tuned"],
         pushgateway: str = DEFAULTS["pushgateway"],
     ):
         with dsl.ExitHandler(status_handler("retrain", layout, pushgateway), name="retrain"):
             prep = versioned_data(layout, benchmark, data_options, spec, spec_rev, data_version, dvc_remote)
-            spec = cluster.light(plan_run(method=method, seed=seed, hparams=hparams))
-            trained = training(layout, prep.outputs["data"], spec.output, epochs, train_options, pushgateway,
-                               "retrain")
+            # the candidate: method and hparams, or the winner of a tuning result (on the checkpoints volume)
+            spec = tuned_run(tuned=tuned, method=method, seed=seed, hparams=hparams, train_options=train_options)
+            cluster.mount(cluster.light(spec), layout, "mtlflow-checkpoints")
+            trained = training(layout, prep.outputs["data"], spec.outputs["run_spec"], epochs,
+                               spec.outputs["options"], pushgateway, "retrain")
             trained.set_display_name("train candidate")
             scored = cluster.light(evaluate(data=prep.outputs["data"], run=trained.outputs["run"], split="test"))
             decision = compare_to_champion(run=trained.outputs["run"], data=prep.outputs["data"],
                                            model_store=layout.models, min_improvement=min_improvement,
                                            pushgateway=pushgateway, pipeline_name="retrain",
-                                           run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER)
+                                           run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+                                           non_inferiority_margin=non_inferiority_margin)
             decision.set_display_name("compare with champion")
             cluster.mount(cluster.uncached(cluster.light(decision)), layout, "mtlflow-models")
             promote_it = decision.outputs["Output"] == True  # noqa: E712 (a KFP condition, not a Python comparison)
             with dsl.If(promote_it, name="better-than-champion"):
                 promoted = promote(run=trained.outputs["run"], evaluation=scored.outputs["evaluation"],
                                    decision=decision.outputs["decision"], data=prep.outputs["data"],
-                                   model_store=layout.models)
+                                   model_store=layout.models, pushgateway=pushgateway, pipeline_name="retrain",
+                                   run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER)
                 promoted.set_display_name("promote to model store")
                 cluster.mount(cluster.uncached(cluster.light(promoted)), layout, "mtlflow-models")
 

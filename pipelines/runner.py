@@ -3,7 +3,7 @@
 Parameters are validated here, before compilation, submission or execution, so an invalid sweep
 never reaches a cluster or requests a GPU.
 
-Pipelines: ``benchmark_sweep`` (alias ``main``, the ``make demo`` pipeline), ``retrain`` and
+Pipelines: ``benchmark_sweep`` (alias ``main``, the ``make demo`` pipeline), ``retrain``, ``tuned_sweep`` and
 ``distributed_train`` (cluster only). Each is built by a factory ``(parallelism, storage_root)``:
 both are compile-time settings -- the cluster build uses :data:`PARALLELISM` and the PVC mount root
 ``/mnt/mtlflow``; a local run uses the number of CPU cores and ``<workdir>/storage``.
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 ALIASES = {"main": "benchmark_sweep"}
 #: pipelines that kfp.local can run (distributed_train creates Kubernetes objects)
-LOCAL_PIPELINES = ("benchmark_sweep", "retrain")
+LOCAL_PIPELINES = ("benchmark_sweep", "retrain", "tuned_sweep")
 
 
 def pipeline_factories() -> dict[str, Callable[..., Callable]]:
@@ -39,9 +39,10 @@ def pipeline_factories() -> dict[str, Callable[..., Callable]]:
     from mtlflow.pipelines.benchmark_sweep import build_benchmark_sweep
     from mtlflow.pipelines.distributed_train import build_distributed_train
     from mtlflow.pipelines.retrain import build_retrain
+    from mtlflow.pipelines.tuned_sweep import build_tuned_sweep
 
     return {"benchmark_sweep": build_benchmark_sweep, "retrain": build_retrain,
-            "distributed_train": build_distributed_train}
+            "distributed_train": build_distributed_train, "tuned_sweep": build_tuned_sweep}
 
 
 def canonical_name(name: str) -> str:
@@ -126,13 +127,16 @@ def _expected_tasks(name: str, pipeline_func: Callable, params: Mapping[str, Any
     import inspect
 
     from mtlflow import benchmarks
+    from mtlflow.benchmarks._tabular import TabularBenchmark
     from mtlflow.config.pipeline import from_struct
     from mtlflow.ops.observability.progress import expected_tasks
 
     merged = {k: p.default for k, p in inspect.signature(pipeline_func.pipeline_func).parameters.items()}
     merged.update(from_struct(dict(params)))
     bench = benchmarks.build(merged["benchmark"], **merged.get("data_options") or {})
-    return expected_tasks(name, merged, len(bench.task_names))
+    # the sweep fits hgb and linear baselines too for a table (a spec's, a table benchmark's), else the trivial one
+    tabular = bool(merged.get("spec")) or isinstance(bench, TabularBenchmark)
+    return expected_tasks(name, merged, len(bench.task_names), baseline_kinds=3 if tabular else 1)
 
 
 def _latest_run_dir(artifact_root: Path, pipeline_func: Callable, started: float) -> Path:
@@ -209,8 +213,8 @@ def run_local(params: Mapping[str, Any], workdir: str | Path = "runs/pipeline", 
 
     State that outlives a run -- DVC remote and cache, checkpoints, status records, the model store --
     goes to ``storage_root`` (default ``<workdir>/storage``; reuse it so ``retrain`` sees the champion).
-    Returns ``<workdir>/report.html`` for ``benchmark_sweep`` and ``<workdir>/retrain.json`` (decision,
-    champion, status) for ``retrain``.
+    Returns ``<workdir>/report.html`` for ``benchmark_sweep`` and ``tuned_sweep`` (which also writes
+    ``<workdir>/tune.json``) and ``<workdir>/retrain.json`` (decision, champion, status) for ``retrain``.
     """
     from kfp import local
 
@@ -229,7 +233,13 @@ def run_local(params: Mapping[str, Any], workdir: str | Path = "runs/pipeline", 
     spec = str(params.get("spec") or "")
     if spec and "://" not in spec:  # the tasks run in other processes: a spec path relative to here, made absolute
         params = {**params, "spec": str(Path(spec).resolve())}
+    tuned = str(params.get("tuned") or "")
+    if tuned:  # retrain's tuning result, read by a task in another process: absolute too
+        params = {**params, "tuned": str(Path(tuned).resolve())}
     config = pipeline_config(name, params)
+    if getattr(config, "tuner", "optuna") == "katib":
+        raise InvalidParameterError("tuner katib creates Katib Experiments and runs only on a cluster; run locally "
+                                    "with tuner optuna, or submit it with `mtlflow pipeline submit --host URL`")
     from mtlflow.jobs.data import source_paths
 
     bench = config.build_benchmark()
@@ -261,6 +271,8 @@ def run_local(params: Mapping[str, Any], workdir: str | Path = "runs/pipeline", 
                "storage_root": layout.root, "status": status}
     if name == "benchmark_sweep":
         result = _collect_sweep(run_dir, workdir)
+    elif name == "tuned_sweep":
+        result = _collect_tuned(run_dir, workdir)
     else:
         result = _collect_retrain(run_dir, workdir, layout, config.build_benchmark().label, summary)
     atomic.write_json(workdir / "pipeline_run.json", summary)
@@ -280,14 +292,25 @@ def _collect_sweep(run_dir: Path, workdir: Path) -> Path:
     return report
 
 
-def _collect_retrain(run_dir: Path, workdir: Path, layout, dataset: str, summary: dict[str, Any]) -> Path:
-    import json
+def _collect_tuned(run_dir: Path, workdir: Path) -> Path:
+    """The tuned comparison's report and ``tune.json`` next to the kfp.local artifact tree."""
+    task = next(run_dir.rglob("compare-tuned/report")).parent
+    atomic.write_bytes(workdir / "tune.json", (task / "result").read_bytes())
+    report = workdir / "report.html"
+    atomic.write_bytes(report, (task / "report").read_bytes())
+    return report
 
+
+def _collect_retrain(run_dir: Path, workdir: Path, layout, dataset: str, summary: dict[str, Any]) -> Path:
+    """``retrain.json``: the outcome decided under the model store's lock (the settled decision record), not
+    the gate's verdict, which a concurrent retrain can overtake."""
     from mtlflow.ops import model_store
 
-    decision = json.loads(next(run_dir.rglob("compare-to-champion/executor_output.json")).read_text())
-    promoted = bool(decision["parameterValues"]["Output"])
-    result = {"promoted": promoted, "champion": model_store.read_champion(layout.models, dataset),
+    proposed = atomic.read_json(next(run_dir.rglob("compare-to-champion/decision")), "gate decision")
+    record = model_store.decisions_dir(layout.models, dataset) / proposed["record"]
+    decision = atomic.read_json(record, "gate decision record")
+    result = {"promoted": bool(decision["promoted"]), "outcome": decision["outcome"],
+              "champion": model_store.read_champion(layout.models, dataset), "decision": str(record),
               "model_store": layout.models, "status": summary["status"]}
     path = workdir / "retrain.json"
     atomic.write_json(path, result)

@@ -4,8 +4,8 @@ small tmpfs file systems for the full and read-only cases (root only; the tests 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 

@@ -141,6 +141,7 @@ def exported_sweep(pushgateway, multimnist_small, tmp_path_factory) -> ExportedS
     """MGDA trained 2 epochs with the exporter (and a stand-in COST adding 3 teleports per epoch),
     single-task references, the aggregate pushed, and the statuses of a FAILED and a SUCCEEDED pipeline run."""
     from mtlflow import jobs
+    from mtlflow.jobs.compare.summary import to_json
     from mtlflow.ops.observability import PrometheusExporter, export_run_status, export_summary
 
     root = tmp_path_factory.mktemp("exported")
@@ -153,8 +154,9 @@ def exported_sweep(pushgateway, multimnist_small, tmp_path_factory) -> ExportedS
         exporter.close()
     for task in ("left", "right"):
         jobs.train(multimnist_small, root / f"ref-{task}", method="ls", tasks=[task], epochs=1, **tiny)
-    summary = jobs.aggregate([root / "mgda"], root / "results",
-                             reference_dirs=[root / "ref-left", root / "ref-right"])
+    # results.json's form: what the exporter (ops, below jobs) reads
+    summary = to_json(jobs.aggregate([root / "mgda"], root / "results",
+                                     reference_dirs=[root / "ref-left", root / "ref-right"]))
     assert export_summary(summary, pushgateway.url, pipeline="test-sweep")
     assert export_run_status(pushgateway.url, pipeline="test-sweep", run="test-sweep-run-1", state="FAILED")
     assert export_run_status(pushgateway.url, pipeline="test-sweep", run="test-sweep-run-2", state="SUCCEEDED")

@@ -14,6 +14,10 @@ import json
 import sys
 from pathlib import Path
 
+from mtlflow.core import atomic
+from mtlflow.jobs.compare.summary import Summary, from_json
+from mtlflow.jobs.report import headline_markdown
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 README = REPO_ROOT / "README.md"
 COMMITTED_RESULTS = REPO_ROOT / "docs" / "results" / "demo.json"
@@ -22,9 +26,8 @@ END = "<!-- demo-table:end -->"
 
 
 def render(summary: dict) -> str:
-    from mtlflow.jobs.report import headline_markdown
-
-    return headline_markdown(summary)
+    """The demo table of a results.json's content."""
+    return headline_markdown(from_json(Summary, summary))
 
 
 def readme_block(readme: str) -> str:
@@ -42,8 +45,6 @@ def with_block(readme: str, block: str) -> str:
 
 
 def update(results: Path) -> None:
-    from mtlflow.core import atomic
-
     summary = atomic.read_json(results, "demo results")
     atomic.write_text(COMMITTED_RESULTS, json.dumps(summary, indent=2, sort_keys=True) + "\n")
     atomic.write_text(README, with_block(README.read_text(), render(summary)))

@@ -55,6 +55,7 @@ SURVIVOR_PAGE = Path("docs/development/mutation-survivors.md")
 # The folders the target applies to, each with the source files it covers.
 FOLDERS = {
     "methods": PACKAGE / "methods",
+    "numerics": PACKAGE / "core" / "numerics.py",
     "teleport": PACKAGE / "teleport",
     "pareto": PACKAGE / "pareto",
     "grad_engine": PACKAGE / "grad_engine",

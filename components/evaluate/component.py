@@ -1,8 +1,17 @@
-"""evaluate: metrics of a trained run on a split of its prepared data."""
+"""evaluate: metrics of a trained run on a split of its prepared data.
+
+The aggregate's paired comparisons over test examples do not read this output: each method's run artifact
+already carries its test evaluation with every example's error (``test_evaluation.json`` and
+``test_evaluation.per_example.npz``, kept by the ``train`` step), so the ``aggregate`` step that collects the
+runs has them (docs/guides/reading-the-report.md).
+"""
 
 from kfp import dsl
 
 from mtlflow.components.image import IMAGE
+
+#: run end to end under kfp.local (tests/integration/test_pipeline_local.py) and in the image (tests/e2e)
+STABILITY = "stable"
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -16,6 +25,16 @@ def evaluate(data: dsl.Input[dsl.Dataset], run: dsl.Input[dsl.Artifact], split: 
     classification task (``evaluation.json`` and the ``confusion`` file), and a Markdown summary with
     the metrics and the matrices. The Kubeflow UI draws one matrix per ClassificationMetrics artifact:
     ``confusion_task``'s, by default the first classification task's.
+
+    Args:
+        data: the prepared dataset (from ``prepare_data``), with its content and DVC hashes in the metadata
+        run: the run directory (run.json, metrics.json, model.pt, report)
+        split: ``val`` or ``test``
+        evaluation: evaluation JSON (metrics, confusion matrices)
+        metrics: the split's metrics, shown in the Kubeflow UI
+        confusion: the confusion matrix the Kubeflow UI draws
+        summary: Markdown summary (metrics and matrices)
+        confusion_task: classification task whose confusion matrix the UI shows (default: the first)
     """
     import json
 

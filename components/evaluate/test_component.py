@@ -4,8 +4,11 @@ from pathlib import Path
 import pytest
 from kfp import dsl
 
+from mtlflow import jobs
 from mtlflow.components.evaluate.component import evaluate
 from mtlflow.core.errors import InvalidParameterError
+from mtlflow.jobs import pipeline_steps
+from mtlflow.metrics.evaluation import read_examples
 
 
 def _outputs(tmp_path):
@@ -62,8 +65,6 @@ def test_a_sweep_run_keeps_its_per_example_test_errors_and_the_aggregate_pairs_t
     """The train step keeps each method run's test evaluation with every example's error in the run artifact
     (what the aggregate reads); its metrics are the evaluate component's, and the aggregate's comparisons of
     two methods pair over those examples."""
-    from mtlflow import jobs
-    from mtlflow.metrics.evaluation import read_examples
 
     data, _ = tiny_dataset
     for name in ("ls", "mgda"):
@@ -79,12 +80,11 @@ def test_a_sweep_run_keeps_its_per_example_test_errors_and_the_aggregate_pairs_t
             assert kept["metrics"][task] == evaluated[task]
             assert 1 - errors[task]["error"].mean() == pytest.approx(evaluated[task]["acc"], abs=1e-12)
     runs = [jobs.read_run(tiny_runs[name]["run"].path) for name in ("ls", "mgda")]
-    paired = jobs.summarise(runs, [], paper_references=False)["methods"]["mgda"]["versus"]["ls"]["paired"]
-    assert paired["available"] and paired["n"] == 64 and paired["seeds"] == [1, 1]
+    paired = jobs.summarise(runs, [], paper_references=False).methods["mgda"].versus["ls"].paired
+    assert paired.available and paired.n == 64 and paired.seeds == (1, 1)
     # the aggregate step hands the paired verdict to the Kubeflow UI with the verdict over seeds
-    from mtlflow.jobs import pipeline_steps
 
     outcome = pipeline_steps.aggregate([tiny_runs[n]["run"].path for n in ("ls", "mgda")], [], ["ls", "mgda"],
                                        str(tmp_path / "results"), str(tmp_path / "report.html"),
                                        str(tmp_path / "summary.md"))
-    assert outcome["metadata"]["paired_verdicts_vs_ls"] == {"mgda": paired["combined"]["verdict"]}
+    assert outcome["metadata"]["paired_verdicts_vs_ls"] == {"mgda": paired.combined.verdict}

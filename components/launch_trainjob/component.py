@@ -1,16 +1,30 @@
 """launch_trainjob: multi-GPU training as a Kubeflow Trainer TrainJob (or a training-operator v1
-PyTorchJob) running the project image with ``torchrun -m mtlflow train``."""
+PyTorchJob) running the project image with ``torchrun -m mtlflow train``.
+
+The work is :func:`mtlflow.jobs.launch.launch_trainjob`; the component only passes its artifacts' paths and
+metadata. Cluster only: the launcher creates Kubernetes objects, which kfp.local cannot, so the tests here
+drive it against a stand-in for the Kubernetes API (``test_component.py``) and run it under kfp.local up
+to the first request (``test_component_local.py``).
+"""
 
 from kfp import dsl
 
 from mtlflow.components.image import IMAGE
+
+#: tested against a stand-in for the Kubernetes API only: no cluster runs in this project's tests
+STABILITY = "beta"
+#: what it needs besides Kubeflow Pipelines
+SERVICES = ("Kubeflow Trainer v2 (TrainJob, trainer.kubeflow.org/v1alpha1) or training-operator v1 (PyTorchJob)",
+            "RBAC on trainjobs/pytorchjobs for the pipeline pods (k8s/base/rbac.yaml)",
+            "the mtlflow-data and mtlflow-checkpoints PersistentVolumeClaims (k8s/base)")
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def launch_trainjob(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, train_options: dict,
                     storage_root: str, run: dsl.Output[dsl.Artifact], model: dsl.Output[dsl.Model],
                     kind: str = "TrainJob", num_nodes: int = 1, gpus_per_node: int = 2, image: str = "",
-                    namespace: str = "", timeout_seconds: int = 86400, run_id: str = "", profile: dict = {},
+                    namespace: str = "", timeout_seconds: int = 86400, run_id: str = "",
+                    profile: dict = {},  # noqa: B006 (kfp compiles the literal into the IR; the body never mutates it)
                     pushgateway: str = "", pipeline_run: str = ""):
     """Stage the dataset on the data PVC, submit the job (``kind`` TrainJob or PyTorchJob) in
     ``namespace`` (default: the profile's, else this pod's), wait for it, then copy the run directory
@@ -31,52 +45,29 @@ def launch_trainjob(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, tr
     by the garbage collector), is deleted by this launcher when it is terminated (SIGTERM), and stops at
     ``timeout_seconds`` (its ``activeDeadlineSeconds``) at the latest.
     Needs RBAC on trainjobs/pytorchjobs for the pipeline pods (``k8s/base/rbac.yaml``).
+
+    Args:
+        data: the prepared dataset (from ``prepare_data``), with its content and DVC hashes in the metadata
+        run_spec: one run as JSON: ``{"method", "seed", "hparams"[, "tasks"]}`` (from the plan components)
+        epochs: training epochs
+        train_options: RunConfig fields (``mtlflow config schema``), e.g. ``{batch_size: 256, device: auto}``
+        storage_root: root of the data and checkpoint PVCs
+        run: the run directory (run.json, metrics.json, model.pt, report)
+        model: the trained weights (model.pt)
+        kind: ``TrainJob`` (Kubeflow Trainer) or ``PyTorchJob``
+        num_nodes: nodes
+        gpus_per_node: GPUs per node (one process each)
+        image: the project image
+        namespace: namespace (default: the profile's, else the pod's)
+        timeout_seconds: how long to wait for the job (also its ``activeDeadlineSeconds``)
+        run_id: the pipeline run's id (part of the run key)
+        profile: the cluster profile (``mtlflow.config.cluster.ClusterProfile`` fields; ``{}``: the defaults)
+        pushgateway: Prometheus Pushgateway the job's rank 0 pushes its telemetry to (empty: off)
+        pipeline_run: the pipeline run's name, added to the grouping key of those pushes (the exit handler
+            deletes the group by it)
     """
-    import dataclasses
-    import shutil
-    from pathlib import Path
+    from mtlflow.jobs.launch import launch_trainjob as launch
 
-    from mtlflow.config.cluster import ClusterProfile
-    from mtlflow.config.pipeline import from_struct, run_key
-    from mtlflow.core import atomic
-    from mtlflow.core.errors import InvalidParameterError
-    from mtlflow.ops import dvc as dvc_io
-    from mtlflow.ops import k8s_jobs
-    from mtlflow.ops.storage import StorageLayout
-
-    if not image:
-        raise InvalidParameterError("launch_trainjob needs the image the job runs (the project image)")
-    layout = StorageLayout(storage_root)
-    cluster_profile = ClusterProfile.model_validate(from_struct(profile))
-    train_options = from_struct(train_options)
-    content_hash = data.metadata["content_hash"]
-    if data.metadata.get("dvc_hash"):
-        dvc_io.verify_directory(data.path, data.metadata["dvc_hash"])
-    staged = Path(layout.datasets) / content_hash
-    if not staged.is_dir():
-        with atomic.atomic_dir(staged) as tmp:
-            shutil.copytree(data.path, tmp, dirs_exist_ok=True)
-    key = run_key(run_spec, content_hash, epochs, train_options, run_id)
-    work_dir = Path(layout.checkpoints) / key
-    job = k8s_jobs.DistributedTraining(
-        name=k8s_jobs.job_name(key), image=image,
-        namespace=namespace or cluster_profile.namespace or k8s_jobs.current_namespace(),
-        command=k8s_jobs.train_command(str(staged), str(work_dir), run_spec, epochs, train_options, pushgateway,
-                                       pipeline_run),
-        num_nodes=num_nodes, gpus_per_node=gpus_per_node, profile=cluster_profile, timeout_seconds=timeout_seconds,
-        volumes=tuple(k8s_jobs.Volume(claim, layout.mount(claim)) for claim in ("mtlflow-data", "mtlflow-checkpoints")),
-        run_id=run_id)
-    manifest = k8s_jobs.build_manifest(kind, job)  # checks the kind and the job before any request
-    # said before the first request, so the log shows what was to run when the cluster's API refuses
-    print(f"submitting {kind} {job.namespace}/{job.name}: {' '.join(job.command)}")
-    api = k8s_jobs.custom_objects_api()
-    owner = k8s_jobs.launcher_owner(k8s_jobs.core_api(), job.namespace)
-    if owner:
-        manifest = k8s_jobs.build_manifest(kind, dataclasses.replace(job, owner=owner))
-    with k8s_jobs.deleted_on_termination(manifest, api):
-        k8s_jobs.run_job(manifest, api, timeout_seconds=timeout_seconds)
-    shutil.copytree(work_dir, run.path, ignore=shutil.ignore_patterns("checkpoint.pt"), dirs_exist_ok=True)
-    shutil.copyfile(work_dir / "model.pt", model.path)
-    k8s_jobs.delete_job(manifest, api)
-    run.metadata.update({"job": job.name, "kind": kind, "data_hash": content_hash, "num_nodes": num_nodes,
-                         "gpus_per_node": gpus_per_node})
+    run.metadata.update(launch(data.path, dict(data.metadata), run.path, model.path, run_spec, epochs, train_options,
+                               storage_root, kind, num_nodes, gpus_per_node, image, namespace, timeout_seconds,
+                               run_id, profile, pushgateway, pipeline_run))

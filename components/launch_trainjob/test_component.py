@@ -12,7 +12,9 @@ import pytest
 import yaml
 from kfp import compiler, dsl
 
+from mtlflow.cli import main
 from mtlflow.components.launch_trainjob.component import launch_trainjob
+from mtlflow.core.errors import InvalidParameterError
 from mtlflow.ops import k8s_jobs
 
 
@@ -31,8 +33,6 @@ class TrainerControllerStub:
         self.live[body["metadata"]["name"]] = body
 
     def get_namespaced_custom_object(self, group, version, namespace, plural, name):
-        from mtlflow.cli import main
-
         if name not in self.live:
             raise NotFound(name)
         body = self.live[name]
@@ -88,8 +88,6 @@ def test_launcher_stages_data_submits_waits_and_collects_the_run(tiny_dataset, t
 
 
 def test_launcher_refuses_unknown_kind(tiny_dataset, tmp_path, monkeypatch):
-    from mtlflow.core.errors import InvalidParameterError
-
     data, _ = tiny_dataset
     monkeypatch.setattr(k8s_jobs, "custom_objects_api", lambda: pytest.fail("must not reach the API"))
     with pytest.raises(InvalidParameterError, match="unknown job kind"):

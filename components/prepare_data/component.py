@@ -6,6 +6,10 @@ from kfp import dsl
 
 from mtlflow.components.image import IMAGE
 
+#: run end to end under kfp.local (tests/integration/test_pipeline_local.py) and in the image (tests/e2e)
+STABILITY = "stable"
+SERVICES = ("a DVC remote (optional: dvc_remote, $MTLFLOW_DVC_REMOTE or default_remote)",)
+
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def prepare_data(benchmark: str, data_options: dict, data: dsl.Output[dsl.Dataset], data_version: str = "",
@@ -24,6 +28,20 @@ def prepare_data(benchmark: str, data_options: dict, data: dsl.Output[dsl.Datase
 
     The pipelines run it uncached: the Secret's remote is not part of a KFP cache key, and a cache
     hit would skip the push to a newly configured remote (docs/guides/kubeflow.md, Caching).
+
+    Args:
+        benchmark: benchmark name (``mtlflow benchmarks``)
+        data_options: the benchmark's preparation options (``DataConfig.data_options``)
+        data: the prepared dataset, with its content and DVC hashes in the metadata
+        data_version: a DVC hash to pull instead of preparing
+        dvc_remote: DVC remote URL
+        default_remote: the remote used when ``dvc_remote`` is empty
+        dvc_cache: DVC cache directory
+        spec: a task spec of your own data (path on the data volume or URI; ``''`` = the benchmark)
+        spec_rev: git revision of the spec's DVC-tracked table (overrides ``source.rev``)
+
+    Returns:
+        the task names
     """
     from mtlflow.jobs import pipeline_steps
 

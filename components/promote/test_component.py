@@ -11,10 +11,15 @@ import pytest
 import torch
 from kfp import dsl
 
+from mtlflow import jobs
 from mtlflow.components.conftest import TINY, train_artifacts
 from mtlflow.components.evaluate.component import evaluate
+from mtlflow.components.prepare_data.component import prepare_data
 from mtlflow.components.promote.component import compare_to_champion, promote
+from mtlflow.components.train.component import train
+from mtlflow.core.errors import DataError
 from mtlflow.jobs.champion import evaluate_on
+from mtlflow.metrics.evaluation import read_examples
 from mtlflow.ops import model_store
 
 
@@ -35,18 +40,20 @@ def _gate(run, data, store, tmp_path, name, min_improvement=0.0):
                                              min_improvement=min_improvement, decision=decision, metrics=metrics)
     record = json.loads(Path(decision.path).read_text())
     assert better is record["promote"] and decision.metadata["promote"] is better
-    assert metrics.metadata["promoted"] == float(better)
+    # the UI's promoted is the outcome: logged here only when the champion is kept, else by promote
+    assert metrics.metadata.get("promoted") == (None if better else 0.0)
     path = ""
     if better:
+        outcome = dsl.Metrics(uri=str(tmp_path / f"{name}-promote-metrics.json"))
         path = promote.python_func(run=run, evaluation=_evaluated(run, data, tmp_path, name), decision=decision,
-                                   data=data, model_store=str(store))
+                                   data=data, model_store=str(store), metrics=outcome)
+        assert outcome.metadata["promoted"] == float(bool(path))
     return record, path
 
 
 @pytest.fixture(scope="module")
 def seed_runs(tiny_dataset, tmp_path_factory):
     """LS trained like tiny_runs' "ls" but with seeds 1-3: the same model up to the seed."""
-    from mtlflow.components.train.component import train
 
     data, _ = tiny_dataset
     root = tmp_path_factory.mktemp("seed-runs")
@@ -66,11 +73,14 @@ def test_first_model_is_promoted_then_other_seeds_of_it_are_not(tiny_runs, tiny_
     assert first["promote"] and first["champion"] is None and first["gate"] is None
     champion = model_store.read_champion(store, "multimnist")
     assert champion["path"] == path and champion["method"] == "ls" and champion["previous"] is None
-    assert champion["decision"] == first  # the decision record is stored with the champion
+    # the decision record is stored with the champion, settled with the outcome decided under the lock
+    settled = {**first, "promote": True, "promoted": True, "outcome": f"promoted as {champion['version']}",
+               "version": champion["version"], "settled_unix": champion["decision"]["settled_unix"]}
+    assert champion["decision"] == settled
     assert champion["data"]["content_hash"] == data.metadata["content_hash"]
     assert {p.name for p in Path(path).iterdir()} == {"model.pt", "run.json", "metrics.json", "evaluation.json",
-                                                      "metadata.json"}
-    assert json.loads((Path(path) / "metadata.json").read_text())["decision"] == first
+                                                      "metadata.json", model_store.SEEN_ROWS}
+    assert json.loads((Path(path) / "metadata.json").read_text())["decision"] == settled
 
     # the same model again: every paired difference is 0, so the interval is [0, 0] and nothing changes
     again, _ = _gate(tiny_runs["ls"]["run"], data, store, tmp_path, "ls-again")
@@ -96,7 +106,6 @@ def test_first_model_is_promoted_then_other_seeds_of_it_are_not(tiny_runs, tiny_
 @pytest.fixture(scope="module")
 def trained_run(tiny_dataset, tmp_path_factory):
     """LS trained properly on the tiny data (4 epochs of batch 32: 28 steps, against tiny_runs' 4)."""
-    from mtlflow.components.train.component import train
 
     data, _ = tiny_dataset
     arts = train_artifacts(tmp_path_factory.mktemp("trained"), "ls-trained")
@@ -131,14 +140,11 @@ def test_a_clearly_better_candidate_replaces_a_damaged_champion(tiny_runs, tiny_
     gain = -record["gate"]["combined"]["mean_difference"]
     strict, _ = _gate(trained_run, data, store, tmp_path, "ls-strict", min_improvement=gain + 1e-9)
     assert strict["gate"]["combined"]["verdict"] == "better" and not strict["promote"]
-    assert "less than min_improvement" in strict["reason"]
+    assert "below min_improvement" in strict["reason"] and strict["gate"]["failed"] == ["too small"]
 
 
 def test_champion_of_an_older_data_version_is_re_evaluated_on_the_new_test_split(tiny_runs, tiny_dataset,
                                                                                 tmp_path):
-    from mtlflow.components.prepare_data.component import prepare_data
-    from mtlflow.components.train.component import train
-
     old, _ = tiny_dataset
     store = tmp_path / "store"
     _, path = _gate(tiny_runs["ls"]["run"], old, store, tmp_path, "old")
@@ -176,14 +182,20 @@ def test_promote_refuses_a_decision_made_against_another_champion(tiny_runs, tin
     # another run is promoted meanwhile (a concurrent retrain): the first decision no longer applies
     _, path = _gate(tiny_runs["mgda"]["run"], data, store, tmp_path, "mgda")
     run = tiny_runs["ls"]["run"]
+    outcome = dsl.Metrics(uri=str(tmp_path / "outcome.json"))
     assert promote.python_func(run=run, evaluation=_evaluated(run, data, tmp_path, "ls"), decision=decision,
-                               data=data, model_store=str(store)) == ""
-    assert model_store.read_champion(store, "multimnist")["path"] == path
+                               data=data, model_store=str(store), metrics=outcome) == ""
+    champion = model_store.read_champion(store, "multimnist")
+    assert champion["path"] == path and outcome.metadata["promoted"] == 0.0
+    # its decision record says so: kept, because another retrain promoted first
+    record = model_store.decisions_dir(store, "multimnist") / json.loads(Path(decision.path).read_text())["record"]
+    settled = json.loads(record.read_text())
+    assert settled["promoted"] is False and settled["gate_promote"] is True
+    assert settled["outcome"].startswith(f"kept: another retrain promoted {champion['label']} "
+                                         f"({champion['version']}) first")
 
 
 def test_champion_with_other_tasks_is_not_comparable(tiny_runs, tiny_dataset, tmp_path):
-    from mtlflow.core.errors import DataError
-
     data, _ = tiny_dataset
     store = tmp_path / "store"
     _gate(tiny_runs["ref-left"]["run"], data, store, tmp_path, "left")
@@ -193,9 +205,6 @@ def test_champion_with_other_tasks_is_not_comparable(tiny_runs, tiny_dataset, tm
 
 
 def test_evaluate_keeps_per_example_errors_the_gate_pairs_on(tiny_runs, tiny_dataset, tmp_path):
-    from mtlflow import jobs
-    from mtlflow.metrics.evaluation import read_examples
-
     data, _ = tiny_dataset
     run = Path(tiny_runs["ls"]["run"].path)
     result = jobs.evaluate(run, data.path, out_file=tmp_path / "evaluation.json", per_example=True)

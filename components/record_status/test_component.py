@@ -1,4 +1,5 @@
 import json
+import socket
 from pathlib import Path
 
 from kfp import dsl
@@ -30,8 +31,6 @@ def test_later_run_replaces_the_latest_pointer(tmp_path):
 
 
 def test_unreachable_pushgateway_only_warns(tmp_path, caplog):
-    import socket
-
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

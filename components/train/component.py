@@ -1,8 +1,16 @@
-"""train: one method, one seed (or one single-task reference) on a prepared Dataset."""
+"""train: one method, one seed (or one single-task reference) on a prepared Dataset.
+
+The work is :func:`mtlflow.jobs.pipeline_steps.train`, and whether the run converged comes from
+:func:`mtlflow.jobs.step_outputs.convergence_outputs`; the component copies their results into its outputs.
+"""
 
 from kfp import dsl
 
 from mtlflow.components.image import IMAGE
+
+#: run end to end under kfp.local (tests/integration/test_pipeline_local.py) and in the image (tests/e2e)
+STABILITY = "stable"
+SERVICES = ("Prometheus Pushgateway (optional: the epoch telemetry)",)
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -33,27 +41,40 @@ def train(data: dsl.Input[dsl.Dataset], run_spec: str, epochs: int, train_option
     pushed to that Prometheus Pushgateway, labelled with ``pipeline_name`` and the run key (``run``), grouped
     also by ``pipeline_run`` (the pipeline run's name: the pipeline's exit handler deletes the group by it when
     the run ends); a push failure only logs a warning. A reused run pushes nothing.
+
+    Args:
+        data: the prepared dataset (from ``prepare_data``), with its content and DVC hashes in the metadata
+        run_spec: one run as JSON: ``{"method", "seed", "hparams"[, "tasks", "reference"]}`` (from the plan
+            components)
+        epochs: training epochs
+        train_options: RunConfig fields (``mtlflow config schema``), e.g. ``{batch_size: 256, device: auto,
+            teleport: cost}``; a reference drops ``teleport`` and ``teleport_options``
+        run: the run directory (run.json, metrics.json, model.pt, report)
+        model: the trained weights (model.pt)
+        metrics: the selected final test metrics (and ``converged``), shown in the Kubeflow UI
+        report: the run's HTML report
+        summary: the run's Markdown summary
+        checkpoint_root: a PVC path: the run directory lives at ``<root>/<run key>``; a finished run there is
+            reused, a failed one retrained, an interrupted one resumed
+        pushgateway: Prometheus Pushgateway URL for telemetry (default ``$MTLFLOW_PUSHGATEWAY``; empty: off)
+        pipeline_name: the ``pipeline`` label of the pushed metrics
+        pipeline_run: the pipeline run's name, added to the Pushgateway grouping key (the exit handler deletes
+            the group by it)
     """
     import json
-    import os
 
     from mtlflow.jobs import pipeline_steps
+    from mtlflow.jobs.step_outputs import convergence_outputs
 
     result = pipeline_steps.train(data.path, dict(data.metadata), run.path, model.path, report.path, summary.path,
                                   run_spec, epochs, train_options, checkpoint_root, pushgateway, pipeline_name,
                                   pipeline_run)
-    with open(os.path.join(run.path, "run.json")) as fh:
-        training = json.load(fh).get("training")  # absent from a reused run trained before it was recorded
+    training = convergence_outputs(run.path)
     for artifact in (run, model):
-        artifact.metadata.update(result["metadata"])
-        if training:
-            artifact.metadata.update(converged=training["converged"], convergence=training["convergence"],
-                                     best_epoch=training["best_epoch"], epochs_run=training["epochs_run"])
-    for name, value in pipeline_steps.flat_metrics("test", result["metrics"]).items():
+        artifact.metadata.update({**result["metadata"], **training["metadata"]})
+    for name, value in {**pipeline_steps.flat_metrics("test", result["metrics"]), **training["metrics"]}.items():
         metrics.log_metric(name, value)
-    if training:
-        metrics.log_metric("converged", float(training["converged"]))
-        if not training["converged"]:
-            print(f"mtlflow: warning: {training['convergence']}")
+    if training["warning"]:
+        print(f"mtlflow: warning: {training['warning']}")
     with open(metrics.path, "w") as fh:
         fh.write(json.dumps(result["metrics"]))

@@ -3,10 +3,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from kfp import dsl
 
+from mtlflow import jobs
 from mtlflow.components.conftest import train_artifacts
 from mtlflow.components.train.component import train
+from mtlflow.config.pipeline import run_key
 from mtlflow.core.errors import DataError
+from mtlflow.jobs import pipeline_steps
 
 
 def test_train_writes_run_model_and_metrics(tiny_runs, tiny_dataset):
@@ -29,7 +33,7 @@ def test_train_shows_whether_the_run_converged_in_the_ui(tiny_runs):
     assert arts["metrics"].metadata["converged"] == float(training["converged"])
     assert arts["model"].metadata["convergence"] == training["convergence"]
     if not training["converged"]:
-        assert training["convergence"].startswith("not converged: train longer")
+        assert training["convergence"].startswith(("not converged: train longer", "validation split too small"))
 
 
 def test_single_task_reference_trains_one_head(tiny_runs):
@@ -38,8 +42,6 @@ def test_single_task_reference_trains_one_head(tiny_runs):
 
 
 def test_train_refuses_data_with_another_hash(tiny_dataset, tmp_path):
-    from kfp import dsl
-
     data, _ = tiny_dataset
     tampered = dsl.Dataset(uri=data.uri, metadata={**data.metadata, "content_hash": "0" * 64})
     spec = json.dumps({"method": "ls", "seed": 0, "hparams": {}})
@@ -65,22 +67,7 @@ SPEC = json.dumps({"method": "ls", "seed": 0, "hparams": {}})
 FAST = {"max_steps_per_epoch": 5}
 
 
-@pytest.fixture(scope="module")
-def toy_dataset(tmp_path_factory):
-    """The analytic toy problem as a Dataset artifact: its steps take microseconds, so the reuse tests
-    below time the run-directory logic, not torch."""
-    from kfp import dsl
-
-    from mtlflow.components.prepare_data.component import prepare_data
-
-    data = dsl.Dataset(uri=str(tmp_path_factory.mktemp("toy") / "data"))
-    prepare_data.python_func(benchmark="toy", data_options={"steps_per_epoch": 20}, data=data)
-    return data
-
-
 def _train_step(data, root, name, tmp_path, spec=SPEC, epochs=1, options=FAST):
-    from mtlflow.jobs import pipeline_steps
-
     arts = train_artifacts(tmp_path, name)
     return pipeline_steps.train(data.path, dict(data.metadata), arts["run"].path, arts["model"].path,
                                 arts["report"].path, arts["summary"].path, spec, epochs, options,
@@ -108,8 +95,6 @@ class MarkFirstEpochThenFail:
 
 
 def test_run_key_is_the_inputs_and_a_finished_run_is_reused(toy_dataset, tmp_path):
-    from mtlflow.config.pipeline import run_key
-
     data = toy_dataset
     root = tmp_path / "checkpoints"
     first = _train_step(data, root, "first", tmp_path)
@@ -133,9 +118,6 @@ def test_run_key_is_the_inputs_and_a_finished_run_is_reused(toy_dataset, tmp_pat
 
 @pytest.mark.parametrize("error, state, kept", [(RuntimeError, "retrain", False), (KeyboardInterrupt, "resume", True)])
 def test_a_failed_run_is_trained_again_and_an_interrupted_one_resumed(toy_dataset, tmp_path, error, state, kept):
-    from mtlflow import jobs
-    from mtlflow.config.pipeline import run_key
-
     data = toy_dataset
     root = tmp_path / "checkpoints"
     run_dir = root / run_key(SPEC, data.metadata["content_hash"], 2, FAST)
@@ -150,30 +132,3 @@ def test_a_failed_run_is_trained_again_and_an_interrupted_one_resumed(toy_datase
     assert json.loads((run_dir / "run.json").read_text())["status"] == "completed" and len(metrics["epochs"]) == 2
     # a failed run is not reused, not even its first epoch; an interrupted one continues from it
     assert ("marker" in metrics["epochs"][0]) is kept
-
-
-def test_a_second_identical_local_pipeline_run_reuses_the_finished_training(toy_dataset, tmp_path, capfd):
-    """kfp.local (SubprocessRunner) has no task cache: the reuse across pipeline runs is the run key's
-    on the checkpoint root, which is what this checks with two runs of the same pipeline."""
-    from kfp import dsl, local
-
-    data = toy_dataset
-    root = tmp_path / "checkpoints"
-
-    @dsl.pipeline(name="train-twice")
-    def train_once(checkpoint_root: str):
-        imported = dsl.importer(artifact_uri=data.uri, artifact_class=dsl.Dataset, metadata=dict(data.metadata))
-        train(data=imported.output, run_spec=SPEC, epochs=1, train_options=FAST, checkpoint_root=checkpoint_root)
-
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "artifacts"),
-               raise_on_error=True)
-    train_once(checkpoint_root=str(root))
-    (run_dir,) = root.iterdir()
-    trained = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
-    assert "a finished run of the same inputs, reused" not in capfd.readouterr().out
-    train_once(checkpoint_root=str(root))
-    assert [p.name for p in root.iterdir()] == [run_dir.name]
-    assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == trained  # not trained, not rewritten
-    assert "a finished run of the same inputs, reused" in capfd.readouterr().out
-    runs = sorted((tmp_path / "artifacts").rglob("train/run"))
-    assert len(runs) == 2 and (runs[0] / "metrics.json").read_text() == (runs[1] / "metrics.json").read_text()

@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> Any:
     # library mode is imported on first use, so that `import mtlflow` stays free of torch
     if name in ("MTLBackward", "mtl_backward"):
-        from mtlflow.engine import library
+        from mtlflow.engine import library  # noqa: PLC0415 -- `import mtlflow` stays free of torch
 
         return getattr(library, name)
     raise AttributeError(f"module 'mtlflow' has no attribute {name!r}")

@@ -10,11 +10,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import kubernetes_schemas
 import pytest
 import yaml
 from test_submit_client import kfp_api  # noqa: F401 -- the loopback KFP API server fixture
 
+import kubernetes_schemas
 from mtlflow.cli import main
 from mtlflow.config.cluster import ClusterProfile, load_profile
 from mtlflow.config.pipeline import from_struct

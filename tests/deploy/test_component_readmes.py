@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 
 import pytest
+
 from conftest import REPO_ROOT
 
 FOLDERS = sorted(p.name for p in (REPO_ROOT / "components").iterdir() if (p / "component.py").is_file())
@@ -25,4 +26,4 @@ def test_component_readme_lists_every_input_and_output(folder):
 
 
 def test_every_component_folder_is_found():
-    assert len(FOLDERS) == 9
+    assert len(FOLDERS) == 12

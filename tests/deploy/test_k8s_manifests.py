@@ -6,16 +6,17 @@ failure policy, the backend versions the guide states, and the job manifests lau
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import subprocess
 from pathlib import Path
 
-import kubernetes_schemas
-import pod_security
 import pytest
 import yaml
 
+import kubernetes_schemas
+import pod_security
 from mtlflow.config.cluster import ClusterProfile, load_profile
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.ops import k8s_jobs
@@ -246,7 +247,7 @@ def _job(**kw):
 def test_train_command_runs_the_cli_under_torchrun_with_resume():
     command = _job().command
     assert command[:4] == ["torchrun", "-m", "mtlflow", "train"]
-    pairs = dict(zip(command[4::1], command[5::1]))
+    pairs = dict(itertools.pairwise(command[4:]))
     assert pairs["--method"] == "fairgrad" and pairs["--seed"] == "3" and pairs["--epochs"] == "10"
     assert pairs["--hp"] == "alpha=2.0" and pairs["--batch-size"] == "128" and pairs["--device"] == "cuda"
     assert "--resume" in command and "--no-progress" in command

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from prometheus_support import PROMTOOL, ensure_prometheus_binaries, parse_samples
 
 MONITORING = Path(__file__).resolve().parents[2] / "k8s" / "monitoring"

@@ -19,7 +19,7 @@ def compiled(tmp_path_factory):
     out = tmp_path_factory.mktemp("build")
     assert main(["pipeline", "compile", "--all", "--out-dir", str(out)]) == 0
     docs = {p.stem: list(yaml.safe_load_all(p.read_text())) for p in out.glob("*.yaml")}
-    assert set(docs) == {"benchmark_sweep", "retrain", "distributed_train"}
+    assert set(docs) == {"benchmark_sweep", "retrain", "distributed_train", "tuned_sweep"}
     return {name: {"ir": d[0], "k8s": d[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]}
             for name, d in docs.items()}
 
@@ -103,7 +103,7 @@ def test_cached_tasks_are_keyed_by_their_inputs_and_the_data_step_is_not_cached(
 
 
 def test_data_step_gets_the_dvc_secret_as_env_and_the_data_volume(compiled):
-    for name, parts in compiled.items():
+    for parts in compiled.values():
         spec = parts["k8s"]["exec-prepare-data"]
         (secret,) = spec["secretAsEnv"]
         assert secret["secretName"] == cluster.DVC_SECRET and secret["optional"] is True
@@ -119,7 +119,7 @@ def test_sweep_loops_are_limited_and_wrapped_by_the_status_exit_handler(compiled
     ir = compiled["benchmark_sweep"]["ir"]
     loops = [t for t in tasks(ir).values() if "iteratorPolicy" in t]
     assert len(loops) == 2 and {t["iteratorPolicy"]["parallelismLimit"] for t in loops} == {PARALLELISM}
-    for name, parts in compiled.items():
+    for parts in compiled.values():
         root = parts["ir"]["root"]["dag"]["tasks"]
         status = root["record-status"]
         assert status["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"

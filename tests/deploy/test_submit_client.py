@@ -27,6 +27,9 @@ import yaml
 from mtlflow.cli import main
 
 RETRAIN_PARAMS = ["--param", "method=famo", "--param", "epochs=2", "--param", "hparams={}"]
+#: what `--param epochs=3` of a sweep logs: the default budget's min_steps yields to a given epochs
+BUDGET_NOTE = ("train_options: nothing overridden; the default budget min_steps_per_epoch=8, patience=10 kept; "
+               "min_steps=500 dropped (epochs given: a default rule never changes what was asked for)\n")
 API = "/apis/v2beta1"
 
 
@@ -234,7 +237,9 @@ def test_schedule_keeps_one_recurring_run_per_name(kfp_api, capsys):
     assert body.get("pipeline_spec") is None
     assert body["pipeline_version_reference"]["pipeline_version_id"] == first["pipeline_version_id"]
     assert api.versions[first["pipeline_version_id"]]["display_name"].startswith("mtlflow-benchmark-sweep-")
-    assert body["runtime_config"]["parameters"] == {"epochs": 3}
+    # a given epochs is the most a run trains: the default min_steps yields to it (docs/guides/training.md)
+    assert body["runtime_config"]["parameters"] == {"epochs": 3, "train_options": {
+        "device": "auto", "min_steps_per_epoch": 8, "patience": 10}}
 
     # the same call again: the same recurring run, nothing created or deleted
     assert main(_schedule(host, "--cron", "0 0 3 * * *")) == 0
@@ -313,7 +318,7 @@ def test_a_backend_that_rejects_security_context_is_refused_before_any_upload(kf
     api.backend_version = "2.15.2"
     sweep = ["pipeline", "submit", "--host", host, "--pipeline", "benchmark_sweep", "--param", "epochs=3"]
     assert main(sweep) == 6
-    err = capsys.readouterr().err
+    err = capsys.readouterr().err.removeprefix(BUDGET_NOTE)  # the budget rule's own line comes first
     assert err.count("\n") == 1 and f"the KFP backend at {host} is 2.15.2" in err
     assert 'set kfp_backend: "2.15.2" in the cluster profile' in err
     assert _uploads(api) == [] and any(r["path"] == "/apis/v1beta1/healthz" and r["auth"] == "Bearer test-token"

@@ -11,17 +11,20 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import yaml
 from e2e_support import REPO_ROOT, STRICT_RUN, folder_for_uid_1000
 from kfp import dsl, local
 
+from mtlflow.jobs.compare.summary import Summary, from_json
 from mtlflow.jobs.report import headline_markdown
 from mtlflow.ops.storage import StorageLayout
 from mtlflow.pipelines import runner
+
 
 def demo_tasks(params: dict[str, Any]) -> int:
     """The demo sweep's tasks: plan_runs, plan_references, prepare_data, a train per method and seed and per
@@ -102,7 +105,7 @@ def test_demo_pipeline_runs_in_the_image(image, artifacts, run_label):
     readme = (REPO_ROOT / "README.md").read_text()
     begin, end = readme.index("<!-- demo-table:begin"), readme.index("<!-- demo-table:end -->")
     expected = readme[readme.index("\n", begin) + 1:end].strip("\n") + "\n"
-    assert headline_markdown(results) == expected
+    assert headline_markdown(from_json(Summary, results)) == expected
     status = Path(StorageLayout(str(storage)).status) / f"{run_dir.name}.json"
     assert json.loads(status.read_text())["state"] == "SUCCEEDED"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import realdata
 
+from conftest import realdata
 from mtlflow import cli, jobs
 from mtlflow.benchmarks._molgraphs import parse_number_list, qm9_graph_from_xyz
 from mtlflow.benchmarks.qm9 import PAPER_STL_MAE, PAPER_TARGETS, qm9pack_dir
@@ -86,14 +86,14 @@ def test_targets_are_in_the_papers_units(qm9_data: Path) -> None:
 
     path = realdata("qm9", "aimnet_qm9_val.csv")
     reference = pd.concat([pd.read_csv(path), pd.read_csv(path.with_name("aimnet_qm9_test.csv"))])
-    keys = list(zip(reference["mu"].round(4), reference["alpha"].round(2)))
+    keys = list(zip(reference["mu"].round(4), reference["alpha"].round(2), strict=True))
     unique = {k for k, n in pd.Series(keys).value_counts().items() if n == 1}
-    reference = {k: row for k, row in zip(keys, reference.to_dict("records")) if k in unique}
+    reference = {k: row for k, row in zip(keys, reference.to_dict("records"), strict=True) if k in unique}
     store = torch.load(qm9_data / "graphs.pt", weights_only=True)
     names = store["target_names"]
     matched = 0
     for values in store["y"].tolist():
-        ours = dict(zip(names, values))
+        ours = dict(zip(names, values, strict=True))
         key = (round(ours["mu"], 4), round(ours["alpha"], 2))
         if key not in reference:
             continue
@@ -175,17 +175,17 @@ def test_cpu_config_trains_through_jobs_cli_and_aggregate(qm9_data: Path, tmp_pa
     jobs.train(qm9_data, tmp_path / "stl-homo", method="ls", tasks=["homo"], epochs=1, **TINY_TRAIN)
     summary = jobs.aggregate([tmp_path / "ls", tmp_path / "fairgrad"], tmp_path / "report",
                              reference_dirs=[tmp_path / "stl-homo"])
-    assert summary["paper_references"]["label"] == "paper STL"
-    row = summary["methods"]["ls"]
+    assert summary.paper_references.label == "paper STL"
+    row = summary.methods["ls"]
     final = ls["final"]["test"]
     expected = 100 * np.mean([(final[t]["mae"] - PAPER_STL_MAE[t]) / PAPER_STL_MAE[t] for t in PAPER_TARGETS])
-    assert row["delta_m_paper"] == pytest.approx(expected)
-    assert row["delta_m"] == pytest.approx(100 * (final["homo"]["mae"] - summary["references"]["metrics"]["homo"]["mae"])
-                                           / summary["references"]["metrics"]["homo"]["mae"])
+    assert row.delta_m_paper.mean == pytest.approx(expected)
+    assert row.delta_m.mean == pytest.approx(100 * (final["homo"]["mae"] - summary.references.metrics["homo"]["mae"])
+                                             / summary.references.metrics["homo"]["mae"])
     table = (tmp_path / "report" / "results.md").read_text()
     assert "Δm% (own STL)" in table and "Δm% (paper STL)" in table
     off = jobs.summarise([jobs.read_run(tmp_path / "ls")], [], paper_references=False)
-    assert off["paper_references"] is None and "delta_m_paper" not in off["methods"]["ls"]
+    assert off.paper_references is None and off.methods["ls"].delta_m_paper is None
     capsys.readouterr()
     assert cli.main(["train", "--data", str(qm9_data), "--method", "fairgrad", "--batch-size", "8", "--dry-run"]) == 0
     printed = capsys.readouterr().out
@@ -203,7 +203,7 @@ def test_realdata_smiles_source_builds_conformer_graphs(tmp_path: Path) -> None:
     store = torch.load(tmp_path / "aimnet" / "graphs.pt", weights_only=True)
     csv = pd.read_csv(path)
     first = int(store["ids"][0])  # ids index the concatenated val + test files; the first ones are in val
-    homo = dict(zip(store["target_names"], store["y"][0].tolist()))["homo"]
+    homo = dict(zip(store["target_names"], store["y"][0].tolist(), strict=True))["homo"]
     assert homo == pytest.approx(csv["homo"].iloc[first] * HARTREE_TO_EV * 1000)
     assert store["pos"].abs().sum() > 0 and store["x"].shape[1] == 11
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import realdata
 
+from conftest import realdata
 from mtlflow import benchmarks, jobs
 from mtlflow.core.errors import DataError
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
-from conftest import TINY_RUN, run_cli, stderr_lines
 
+from conftest import TINY_RUN, run_cli, stderr_lines
 from mtlflow import benchmarks, jobs, methods
 from mtlflow.core.errors import InvalidParameterError
 
@@ -212,7 +212,7 @@ def test_aggregate_writes_report_with_delta_m(tiny_runs: dict[str, Path], tmp_pa
     assert set(summary["methods"]) == {"ls", "mgda"}
     refs = summary["references"]
     assert set(refs["metrics"]) == {"left", "right"}
-    for label, row in summary["methods"].items():
+    for row in summary["methods"].values():
         assert isinstance(row["delta_m"], float)
         # Δm% recomputed from the stored means and references (accuracy: higher is better)
         terms = [-(row["mean"][t]["acc"] - refs["metrics"][t]["acc"]) / refs["metrics"][t]["acc"]

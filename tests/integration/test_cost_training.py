@@ -189,7 +189,7 @@ def test_merged_model_has_no_adapters_and_equals_the_adapter_model(multimnist_sm
     adapters.copy_shared_into(merged, model, shared)
     assert [id(p) for p in shared] == ids
     with torch.no_grad():
-        for a, b in zip(expected, model(x)):
+        for a, b in zip(expected, model(x), strict=True):
             assert (a - b).abs().max() <= 1e-5 * a.abs().max()  # float32 round-off of the merged weights
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from conftest import churn_csv, first_page_commands, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +83,7 @@ def test_experiments_compare_and_reproduce_on_a_fresh_clone(tmp_path):
     assert set(committed_summary) >= {"fairgrad"}, "dvc.lock and metrics/ of the default params.yaml"
 
     first = _dvc(repo, "exp", "run", "-n", "tiny", *TINY)
-    assert stages_run(first) == {"source", "prepare", "evaluate", "aggregate"} | TRAIN_STAGES
+    assert stages_run(first) == {"source", "prepare", "baselines", "evaluate", "aggregate"} | TRAIN_STAGES
     second = _dvc(repo, "exp", "run", "-n", "famo", "-S", "dvc.experiment_method=famo")
     assert stages_run(second) == {"source", "experiment"}  # the research stage alone
 
@@ -193,7 +194,7 @@ def test_the_first_page_spec_runs_unchanged_in_dvc_repro_and_a_new_table_version
     _run(["git", "add", "churn.csv.dvc", ".gitignore", "churn.yaml", "params.yaml"], repo)
     _run(["git", "commit", "-qm", "churn.csv, version 1"], repo)
 
-    every_stage = {"source", "prepare", "train@ls-0", "reference@churned-0", "reference@spend-0", "reference@plan-0",
+    every_stage = {"source", "prepare", "baselines", "train@ls-0", "reference@churned-0", "reference@spend-0", "reference@plan-0",
                    "evaluate", "aggregate", "experiment"}
     assert stages_run(_dvc(repo, "repro")) == every_stage
     summary = json.loads((repo / "metrics" / "summary.json").read_text())

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
-from file_system_support import fill, snapshot, tmpfs_mounts
 
+from file_system_support import fill, snapshot, tmpfs_mounts
 from mtlflow import cli, jobs
 
 #: a task spec whose table lives in tbl/ (the commands refused here never read the table)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 import torch
-from conftest import TINY_RUN
 
+from conftest import TINY_RUN
 from mtlflow import cli, jobs, methods
 from mtlflow.config.run import RunConfig
 from mtlflow.core.callbacks import Callback
@@ -62,7 +62,7 @@ def test_step_minimises_the_sum_over_rays_of_the_preference_weighted_losses(mult
     captured = {}
     trainer.optimizer.step = lambda: captured.update(grads=[p.grad.clone() for p in params])
     info = trainer.train_step(batch, 1)
-    assert all(torch.allclose(g, e, atol=1e-5, rtol=1e-4) for g, e in zip(captured["grads"], expected))
+    assert all(torch.allclose(g, e, atol=1e-5, rtol=1e-4) for g, e in zip(captured["grads"], expected, strict=True))
     assert torch.allclose(info["weights"], rays.mean(dim=0))
     assert any(p.grad.abs().sum() > 0 for p in method.adapters.parameters())
     assert torch.equal(method.adapters.state.value, method.adapters.centre)  # evaluation runs at the centre
@@ -156,11 +156,11 @@ def test_palora_records_its_front_and_every_job_reads_it(multimnist_small, ls_ru
     assert _close(vertex["metrics"], selected["splits"]["test"]["metrics"][10])
 
     summary = jobs.aggregate([run, ls_run], tmp_path / "report")
-    assert summary["preference_front_methods"] == ["palora"]
-    front = summary["methods"]["palora"]["preference_front"]
-    assert front["errors"] == selected["splits"]["test"]["errors"] and front["hypervolume_per_seed"] == [
-        pytest.approx(selected["splits"]["test"]["hypervolume"])]
-    assert "preference_front" not in summary["methods"]["ls"]
+    assert summary.preference_front_methods == ("palora",)
+    front = summary.methods["palora"].preference_front
+    assert [list(e) for e in front.errors] == selected["splits"]["test"]["errors"]
+    assert list(front.hypervolume_per_seed) == [pytest.approx(selected["splits"]["test"]["hypervolume"])]
+    assert summary.methods["ls"].preference_front is None
     html = (tmp_path / "report" / "report.html").read_text()
     assert "Learned Pareto fronts" in html and "palora: front on the preference grid" in html
     assert "| 0.30, 0.70 |" in (tmp_path / "report" / "results.md").read_text()

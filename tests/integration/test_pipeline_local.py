@@ -54,11 +54,11 @@ def test_benchmark_sweep_runs_locally(tmp_path, pushgateway, capfd):
     assert all((p / "checkpoint.pt").is_file() for p in (storage / "checkpoints" / "runs").iterdir())
     _check_ui_artifacts(artifacts, summary)
     _check_pushed_metrics(pushgateway, summary)
-    # task progress with N/M, elapsed time and ETA: 11 tasks (prepare, 2 plans, 2 x (train + evaluate),
-    # 2 references, aggregate, status)
+    # task progress with N/M, elapsed time and ETA: 13 tasks (prepare, 3 plans, 2 x (train + evaluate),
+    # 2 references, the trivial baseline of the images, aggregate, status)
     printed = capfd.readouterr()
     progress = [line for line in printed.err.splitlines() if line.startswith("[benchmark_sweep ")]
-    assert len(progress) == 11 and progress[-1].startswith("[benchmark_sweep 11/11] record-status done")
+    assert len(progress) == 13 and progress[-1].startswith("[benchmark_sweep 13/13] record-status done")
     assert all(" · elapsed " in line and " · ETA ~" in line for line in progress)
     # the terminal gets the progress lines, where the tasks' output went and the summary: not kfp.local's logs
     log = tmp_path / runner.LOG_NAME

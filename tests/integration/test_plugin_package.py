@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from conftest import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "examples" / "plugin_package"
@@ -149,7 +150,7 @@ BAD_NAMES = [
 def test_a_bad_plugin_name_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
     commands = [["train", *([] if flag == "--benchmark" else ["--benchmark", "toy"]), flag, name,
                  "--out", str(tmp_path / "run")] for flag, name, _ in BAD_NAMES]
-    for (_, _, message), result in zip(BAD_NAMES, mtlflow_commands(*commands, path=str(PACKAGE))):
+    for (_, _, message), result in zip(BAD_NAMES, mtlflow_commands(*commands, path=str(PACKAGE)), strict=True):
         assert one_line_usage_error(result).startswith(message)
     assert not (tmp_path / "run").exists()
 

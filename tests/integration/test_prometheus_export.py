@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+
 from prometheus_support import free_port, http_get, parse_samples, sample
 
 #: the analytic toy problem: steps take microseconds, so these tests measure the exporter, not torch

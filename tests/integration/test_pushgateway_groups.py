@@ -16,9 +16,9 @@ import urllib.request
 import pytest
 from kfp import dsl
 from prometheus_client import CollectorRegistry, Gauge, pushadd_to_gateway
-from prometheus_support import GATEWAY_BINARY, ensure_prometheus_binaries, free_port
 
 from mtlflow.ops.observability import catalog, groups
+from prometheus_support import GATEWAY_BINARY, ensure_prometheus_binaries, free_port
 
 pytestmark = pytest.mark.integration
 

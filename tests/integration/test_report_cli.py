@@ -112,8 +112,9 @@ def test_pipeline_progress_counts_tasks_with_elapsed_time_and_eta(tmp_path):
 
 def test_expected_task_counts_and_formats():
     params = {"methods": ["ls", "mgda", "famo"], "seeds": [0, 1], "reference_seeds": [0]}
-    # prepare + 2 plans + 6 x (train + evaluate) + 2 references + aggregate + status
-    assert expected_tasks("benchmark_sweep", params, n_tasks=2) == 3 + 12 + 2 + 2
+    # prepare + 3 plans + 6 x (train + evaluate) + 2 references + the baselines + aggregate + status
+    assert expected_tasks("benchmark_sweep", params, n_tasks=2) == 4 + 12 + 2 + 1 + 2
+    assert expected_tasks("benchmark_sweep", params, n_tasks=2, baseline_kinds=3) == 4 + 12 + 2 + 3 + 2
     assert expected_tasks("retrain", {}, n_tasks=2) == 7
     assert format_seconds(59.6) == "1:00" and format_seconds(3725) == "1:02:05"
     assert task_label(Path("r/for-loop-3-iteration-12/train-2/executor_output.json")) == "train-2 #12"

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from prometheus_support import parse_samples, sample
 
 from mtlflow.jobs.pipeline_steps import decision_metrics
 from mtlflow.metrics.paired import gate
 from mtlflow.ops.observability import export_decision
+from prometheus_support import parse_samples, sample
 
 
 @pytest.fixture()

@@ -28,7 +28,8 @@ def test_retrain_promotes_the_first_model_then_keeps_it_against_another_seed(tmp
     version = Path(champion["path"])
     assert version.parent.parent == store_root / "models" / "multimnist"
     assert {p.name for p in version.iterdir()} == {"model.pt", "run.json", "metrics.json", "evaluation.json",
-                                                   "metadata.json"}
+                                                   "metadata.json", "seen_rows.npy"}
+    assert result["outcome"] == f"promoted as {champion['version']}"
     stored = json.loads((version / "evaluation.json").read_text())
     assert stored["metrics"] == champion["metrics"] and stored["split"] == "test"
     assert 0.0 <= champion["error"] <= 1.0
@@ -37,6 +38,7 @@ def test_retrain_promotes_the_first_model_then_keeps_it_against_another_seed(tmp
     again = json.loads(runner.run_local({**TINY, "seed": 1}, workdir=tmp_path / "again", pipeline="retrain",
                                         storage_root=store_root).read_text())
     assert again["promoted"] is False and again["status"]["state"] == "SUCCEEDED"
+    assert again["outcome"].startswith("kept: ")
     assert again["champion"]["version"] == champion["version"]
     decisions = sorted((store_root / "models" / "multimnist" / "decisions").iterdir())
     assert len(decisions) == 2
@@ -44,5 +46,7 @@ def test_retrain_promotes_the_first_model_then_keeps_it_against_another_seed(tmp
     # the champion was evaluated by the gate on the same split as the candidate, not read from the store
     assert second["champion"]["version"] == champion["version"] and second["champion"]["split"] == "test"
     assert second["champion"]["data_hash"] == second["candidate"]["data_hash"] == second["data_hash"]
-    assert second["gate"]["combined"]["n"] == 100 and not second["promote"]
+    # the same split settings: the new test split holds none of the champion's rows
+    assert second["overlap"]["checked"] and second["overlap"]["rows"] == 0
+    assert second["gate"]["combined"]["n"] == 100 and not second["promote"] and second["promoted"] is False
     assert second["gate"]["combined"]["verdict"] != "better", second["reason"]

@@ -15,14 +15,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
+
 from conftest import REPO_ROOT, run_cli, stderr_lines
 from file_system_support import snapshot
-
 from mtlflow import cli, jobs
 
 TOY_RUN = {"epochs": 1, "progress": False}

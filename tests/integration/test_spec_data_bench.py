@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+
 from conftest import run_cli
 
 

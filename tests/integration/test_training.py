@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_RUN
 
+from conftest import TINY_RUN
 from mtlflow import jobs
 from mtlflow.core.errors import DataError, InvalidParameterError, NonFiniteLossError
 
@@ -58,7 +58,7 @@ def test_resume_matches_uninterrupted_run(method: str, hparams: dict, multimnist
     metrics_a, metrics_b = read_json(run_a / "metrics.json"), read_json(run_b / "metrics.json")
     assert metrics_a["final"] == metrics_b["final"]
     assert [e["epoch"] for e in metrics_b["epochs"]] == [1, 2, 3]
-    for ea, eb in zip(metrics_a["epochs"], metrics_b["epochs"]):
+    for ea, eb in zip(metrics_a["epochs"], metrics_b["epochs"], strict=True):
         assert ea["splits"] == eb["splits"]
         assert ea["train_loss"] == eb["train_loss"]
         assert ea.get("method_weights_mean") == eb.get("method_weights_mean")

@@ -37,7 +37,9 @@ def test_early_stopping_selects_the_best_validation_epoch_and_exports_its_weight
     assert metrics["selection"] == {**metrics["selection"], "rule": "best-val", "split_used_for_selection": "val"}
     assert training["best_epoch"] == epochs[best]["epoch"] and training == result["training"] == metrics["training"]
     # it stopped exactly one epoch after its best, once the 48 steps were done, well before 40 epochs
-    assert training["stopped_early"] and len(epochs) == max(best + 2, 3) < 40 and training["converged"]
+    assert training["stopped_early"] and len(epochs) == max(best + 2, 3) < 40
+    # its validation score stopped improving, but 64 val rows cannot rank epochs: never called converged
+    assert not training["converged"] and training["convergence"].startswith("validation split too small")
     assert all(s >= scores[best] for s in scores[best + 1:])
     assert best < len(epochs) - 1, "the selected epoch is not the last one, so the test tells them apart"
     assert metrics["final"] == {split: epochs[best]["splits"][split] for split in ("val", "test")}

@@ -92,7 +92,7 @@ def assert_same(a: Any, b: Any, where: str = "state") -> None:
             assert_same(a[key], b[key], f"{where}.{key}")
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same(x, y, f"{where}[{i}]")
     else:
         assert a == b, where
@@ -118,7 +118,7 @@ def test_method_trains_on_multimnist_and_resumes_exactly(name: str, multimnist_s
         assert torch.equal(model_a[key], model_b[key]), key
     metrics_a, metrics_b = read_json(straight / "metrics.json"), read_json(resumed / "metrics.json")
     assert metrics_a["final"] == metrics_b["final"]
-    for ea, eb in zip(metrics_a["epochs"], metrics_b["epochs"]):
+    for ea, eb in zip(metrics_a["epochs"], metrics_b["epochs"], strict=True):
         assert ea["train_loss"] == eb["train_loss"]
         assert ea.get("method_weights_mean") == eb.get("method_weights_mean")
     ckpt_a = torch.load(straight / "checkpoint.pt", weights_only=False)

@@ -11,6 +11,7 @@ import path ``my_pkg.tasks:Churn`` (see :mod:`mtlflow.core.registry` and docs/gu
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from mtlflow.benchmarks.base import Benchmark, BenchmarkData
@@ -21,9 +22,7 @@ from mtlflow.models.base import MultiTaskModel
 
 def _builtins() -> dict[str, type[Benchmark]]:
     """Every benchmark module in this package (one file per benchmark)."""
-    import mtlflow.benchmarks as package
-
-    return discover(package, Benchmark, skip=("base",))
+    return discover(sys.modules[__name__], Benchmark, skip=("base",))
 
 
 #: what a plug-in benchmark must write (docs/guides/plugins.md)

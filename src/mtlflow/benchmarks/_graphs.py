@@ -11,8 +11,9 @@ distance as edge attributes. Batches are collated by torch_geometric's DataLoade
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -172,7 +173,7 @@ def training_statistics(store: dict[str, Tensor], split: dict[str, list[int]], n
                         fix: str) -> dict[str, dict[str, float]]:
     """Mean and standard deviation of every target over the training split, by target name."""
     _, mean, std = standardise(store["y"], rows_of(store, split, fix)["train"])
-    return {"train_mean": dict(zip(names, mean)), "train_std": dict(zip(names, std))}
+    return {"train_mean": dict(zip(names, mean, strict=True)), "train_std": dict(zip(names, std, strict=True))}
 
 
 def standardised_targets(y: Tensor, train_rows: Tensor) -> Tensor:

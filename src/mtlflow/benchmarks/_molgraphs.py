@@ -18,8 +18,8 @@ Heavy imports (RDKit, torch_geometric) happen inside the functions.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -133,7 +133,8 @@ def _template(smiles: str, features: str):
 
 
 def _finish_qm9(rows: np.ndarray, bonds: list[tuple[int, int]], types: list[int], pos, geometry_only: bool) -> MolGraph:
-    bond_arr = np.array(sorted((min(a, b), max(a, b), t) for (a, b), t in zip(bonds, types)), dtype=np.int64)
+    bond_arr = np.array(sorted((min(a, b), max(a, b), t) for (a, b), t in zip(bonds, types, strict=True)),
+                        dtype=np.int64)
     bond_arr = bond_arr.reshape(-1, 3)
     is_h = rows[:, 0].astype(np.int64)
     num_h = np.zeros(len(rows), dtype=np.int64)

@@ -7,8 +7,9 @@ and bond embeddings. Subclasses name the file, the label columns and the task ty
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 from torch.utils.data import Dataset
@@ -25,11 +26,13 @@ from mtlflow.benchmarks._graphs import (
 )
 from mtlflow.benchmarks._molgraphs import categorical_graph_from_smiles, categorical_vocab_sizes
 from mtlflow.benchmarks.base import ConfigField
+from mtlflow.benchmarks.realdata import realdata_path
 from mtlflow.core.errors import DataError
 from mtlflow.core.hashing import file_sha256
 from mtlflow.metrics.task import TaskSpec
 from mtlflow.metrics.task_types import TaskType
 from mtlflow.models.base import MultiTaskModel
+from mtlflow.models.mpnn import MPNNTrunk, regression_heads
 
 
 def _optional_positive_int(v: Any) -> bool:
@@ -92,7 +95,6 @@ class MoleculeNetBenchmark(GraphBenchmark):
     def write_data(self, out_dir: Path) -> dict[str, Any]:
         import pandas as pd
 
-        from mtlflow.benchmarks.realdata import realdata_path
 
         cfg = self.config
         path = realdata_path(*self.realdata_file)
@@ -137,8 +139,6 @@ class MoleculeNetBenchmark(GraphBenchmark):
         return {name: GraphDataset(store, rows[name], targets, complete=False) for name in rows}
 
     def make_model(self, task_names: Sequence[str] | None = None) -> MultiTaskModel:
-        from mtlflow.models.mpnn import MPNNTrunk, regression_heads
-
         names = [t.name for t in self.select_tasks(task_names)]
         node_vocab, edge_vocab = categorical_vocab_sizes()
         trunk = MPNNTrunk(dim=64, node_vocab=node_vocab, edge_vocab=edge_vocab)

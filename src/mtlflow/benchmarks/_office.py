@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from mtlflow.benchmarks.base import Benchmark, ConfigField, read_resized_image
@@ -32,6 +33,8 @@ from mtlflow.core.errors import DataError
 from mtlflow.metrics.classification import MaskedAccuracy, masked_cross_entropy
 from mtlflow.metrics.task import TaskSpec
 from mtlflow.models.base import MultiTaskModel
+from mtlflow.models.multi_input import MultiInputModel
+from mtlflow.models.resnet import ResNet18Encoder
 
 SPLITS = ("train", "val", "test")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -203,11 +206,6 @@ class OfficeBenchmark(Benchmark):
         return splits
 
     def make_model(self, task_names: Sequence[str] | None = None) -> MultiTaskModel:
-        from torch import nn
-
-        from mtlflow.models.multi_input import MultiInputModel
-        from mtlflow.models.resnet import ResNet18Encoder
-
         names = [t.name for t in self.select_tasks(task_names)]
         trunk = ResNet18Encoder(self.config["weights_path"])
         heads = [nn.Linear(trunk.out_features, self.n_classes) for _ in names]

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -45,6 +46,7 @@ from mtlflow.metrics.dense import (
 )
 from mtlflow.metrics.task import TaskSpec
 from mtlflow.models.base import MultiTaskModel
+from mtlflow.models.segnet import DenseHead, build_segnet, filters
 
 SCALES = (1.0, 1.2, 1.5)
 MODELS = ("mtan", "segnet")
@@ -262,8 +264,6 @@ class SceneBenchmark(Benchmark):
         return self.scene_tasks()
 
     def make_model(self, task_names: Sequence[str] | None = None) -> MultiTaskModel:
-        from mtlflow.models.segnet import DenseHead, build_segnet, filters
-
         names = [t.name for t in self.select_tasks(task_names)]
         channels = {"segmentation": self.n_classes, "depth": 1, "normal": 3}
         divisor = self.config["width_divisor"]

@@ -12,8 +12,9 @@ with one linear output per task.
 from __future__ import annotations
 
 import gzip
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -30,6 +31,7 @@ from mtlflow.benchmarks._graphs import (
 )
 from mtlflow.benchmarks._molnet import verify_realdata_file
 from mtlflow.benchmarks.base import Benchmark, ConfigField, MultiTaskTensorDataset, load_tensor_file
+from mtlflow.benchmarks.realdata import realdata_path
 from mtlflow.core.errors import DataError
 from mtlflow.metrics.task import TaskSpec
 from mtlflow.metrics.task_types import TaskType
@@ -55,7 +57,7 @@ def read_arff(path: Path) -> tuple[np.ndarray, list[str]]:
         raise DataError(f"cannot read ARFF file {path} ({exc}); restore the shared realdata folder") from None
     names = list(meta.names())
     columns = []
-    for name, kind in zip(names, meta.types()):
+    for name, kind in zip(names, meta.types(), strict=True):
         column = data[name]
         if kind == "nominal":
             column = np.array([float(v.decode()) if v not in (b"?", "?") else np.nan for v in column])
@@ -103,8 +105,6 @@ class TabularBenchmark(Benchmark):
         return f"re-run `mtlflow prepare --benchmark {self.name}`"
 
     def _source(self) -> Path:
-        from mtlflow.benchmarks.realdata import realdata_path
-
         path = realdata_path(*self.realdata_file)
         if path is None:
             raise DataError(f"real data file {'/'.join(self.realdata_file)} not found; set MTLFLOW_REALDATA to the "

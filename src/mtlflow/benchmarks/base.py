@@ -10,11 +10,14 @@ this interface, so a new benchmark is one new file.
 from __future__ import annotations
 
 import json
+import random
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
@@ -68,10 +71,6 @@ class PublishedReferences:
 
 def seed_worker(worker_id: int) -> None:
     """Seed ``random`` and NumPy in a DataLoader worker from the seed torch gave it."""
-    import random
-
-    import numpy as np
-
     seed = torch.initial_seed() % (2**32)
     random.seed(seed)
     np.random.seed(seed)
@@ -180,6 +179,13 @@ class Benchmark:
         """Single-task reference metrics published by the papers, for a labelled "paper STL" Δm%."""
         return None
 
+    @classmethod
+    def headline_metrics(cls, config: Mapping[str, Any]) -> str:
+        """Which metrics of each task Δm% and the mean rank average (:mod:`mtlflow.jobs.compare.headline`) for
+        runs recorded with ``config``: ``"primary"`` (each task's primary metric) or ``"all"`` (every metric but
+        the loss). A class method: the comparison reads it from the runs' records without building the data."""
+        return "primary"
+
     def mounted_data_dir(self, layout: str) -> Path:
         """The existing folder of the ``data_dir`` option, for benchmarks whose data is mounted (never
         downloaded); ``layout`` ends the error message by saying what the folder must hold."""
@@ -209,10 +215,12 @@ class Benchmark:
             atomic.write_json(tmp / MANIFEST_NAME, manifest)
         return manifest
 
-    def load(self, data_dir: str | Path, verify: bool = True) -> BenchmarkData:
-        """Load prepared data, checking that it belongs to this benchmark and is intact."""
+    def load(self, data_dir: str | Path, verify: bool = True,
+             manifest: Mapping[str, Any] | None = None) -> BenchmarkData:
+        """Load prepared data, checking that it belongs to this benchmark and is intact (``manifest``: the
+        directory's manifest when the caller has read it already)."""
         data_dir = Path(data_dir)
-        manifest = read_manifest(data_dir)
+        manifest = read_manifest(data_dir) if manifest is None else manifest
         if manifest.get("benchmark") != self.name:
             raise DataError(f"{data_dir} holds data of benchmark {manifest.get('benchmark')!r}, not "
                             f"{self.name!r}; prepare it with `mtlflow prepare --benchmark {self.name}`")

@@ -18,11 +18,12 @@ Preparation parses the two annotation files, checks that the images exist and wr
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from mtlflow.benchmarks.base import (
@@ -37,6 +38,7 @@ from mtlflow.core.hashing import file_sha256
 from mtlflow.metrics.classification import BinaryAccuracy, BinaryF1, masked_binary_cross_entropy
 from mtlflow.metrics.task import TaskSpec
 from mtlflow.models.base import MultiTaskModel
+from mtlflow.models.celeba_cnn import CelebACNN
 
 ATTRIBUTES = (
     "5_o_Clock_Shadow", "Arched_Eyebrows", "Attractive", "Bags_Under_Eyes", "Bald", "Bangs", "Big_Lips", "Big_Nose",
@@ -49,7 +51,7 @@ ATTRIBUTES = (
 PAPER_STL_F1 = dict(zip(ATTRIBUTES, (
     0.6737, 0.6812, 0.8152, 0.5760, 0.7206, 0.8555, 0.3820, 0.5823, 0.7876, 0.8321, 0.5030, 0.6869, 0.6781, 0.5240,
     0.5162, 0.9569, 0.6969, 0.6798, 0.8808, 0.8582, 0.9703, 0.9327, 0.5058, 0.4031, 0.9704, 0.4864, 0.6079, 0.5261,
-    0.5691, 0.5982, 0.6858, 0.9241, 0.5425, 0.7406, 0.7102, 0.8737, 0.9306, 0.3370, 0.7648, 0.9191)))
+    0.5691, 0.5982, 0.6858, 0.9241, 0.5425, 0.7406, 0.7102, 0.8737, 0.9306, 0.3370, 0.7648, 0.9191), strict=True))
 ATTR_FILE = Path("Anno") / "list_attr_celeba.txt"
 PARTITION_FILE = Path("Eval") / "list_eval_partition.txt"
 IMAGE_DIR = Path("Img") / "img_align_celeba"
@@ -187,10 +189,6 @@ class CelebA(Benchmark):
         return splits
 
     def make_model(self, task_names: Sequence[str] | None = None) -> MultiTaskModel:
-        from torch import nn
-
-        from mtlflow.models.celeba_cnn import CelebACNN
-
         names = [t.name for t in self.select_tasks(task_names)]
         trunk = CelebACNN()
         return MultiTaskModel(trunk, [nn.Linear(trunk.out_features, 1) for _ in names], names)

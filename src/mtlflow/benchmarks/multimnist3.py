@@ -14,8 +14,9 @@ digits are split into train/val/test before the overlay, as in :mod:`mtlflow.ben
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,7 +38,7 @@ def overlay_three(digits: Sequence[np.ndarray]) -> np.ndarray:
     """``[N, 28, 28]`` x 3 uint8 digits -> ``[N, 28, 28]`` uint8 MultiMNIST-3 images."""
     n = len(digits[0])
     canvas = np.zeros((n, CANVAS, CANVAS), dtype=np.uint8)
-    for images, (row, col) in zip(digits, POSITIONS.values()):
+    for images, (row, col) in zip(digits, POSITIONS.values(), strict=True):
         window = canvas[:, row:row + DIGIT, col:col + DIGIT]
         np.maximum(window, images, out=window)
     resized = F.interpolate(torch.from_numpy(canvas).float().unsqueeze(1), size=(SIZE, SIZE), mode="bilinear",

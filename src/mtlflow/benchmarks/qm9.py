@@ -28,8 +28,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import time
+from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
@@ -53,11 +55,13 @@ from mtlflow.benchmarks._molgraphs import (
 )
 from mtlflow.benchmarks._molnet import verify_realdata_file
 from mtlflow.benchmarks.base import ConfigField, PublishedReferences
+from mtlflow.benchmarks.realdata import realdata_path
 from mtlflow.core.errors import DataError
 from mtlflow.core.hparams import one_of
 from mtlflow.metrics.regression import MAE, standardised_mse
 from mtlflow.metrics.task import TaskSpec
 from mtlflow.models.base import MultiTaskModel
+from mtlflow.models.mpnn import MPNNTrunk, regression_heads
 
 HARTREE_TO_EV = 27.211386246
 KCAL_PER_MOL_TO_EV = 0.04336414
@@ -92,7 +96,7 @@ TARGETS: dict[str, tuple[str, str, str]] = {
 PAPER_TARGETS = ("mu", "alpha", "homo", "lumo", "r2", "zpve", "u0", "u", "h", "g", "cv")
 #: Single-task MAEs hard-coded as ``BASE`` in the Nash-MTL/FAMO/FairGrad/COST QM9 code (methods-cost.md §3.2).
 PAPER_STL_MAE = dict(zip(PAPER_TARGETS, (0.0671, 0.1814, 60.576, 53.915, 0.5027, 4.539, 58.838, 64.244, 63.852,
-                                         66.223, 0.07212)))
+                                         66.223, 0.07212), strict=True))
 #: Hypervolume reference point: 10x the single-task MAE (the gap, not in the papers, gets HOMO's).
 HV_REFERENCE = {t: 10.0 * PAPER_STL_MAE.get(t, PAPER_STL_MAE["homo"]) for t in TARGETS}
 QM9PACK_FILES = ("qm9_part1.csv", "qm9_part2.csv", "qm9_part3.csv")
@@ -154,8 +158,6 @@ def aimnet_columns_to_units(frame) -> dict[str, np.ndarray]:
 
 
 def _package_version(name: str) -> str | None:
-    from importlib import metadata
-
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -287,7 +289,7 @@ class QM9(GraphBenchmark):
         frame = frame.iloc[keep].reset_index(drop=True)
         elements = [e.strip("[]").replace("'", "").replace(" ", "").split(",") for e in frame["Elements"]]
         graphs = []
-        for smiles, atoms, xyz in zip(frame["SMILES"], elements, frame["XYZ_Ang"]):
+        for smiles, atoms, xyz in zip(frame["SMILES"], elements, frame["XYZ_Ang"], strict=True):
             graphs.append(qm9_graph_from_xyz(smiles, atoms, parse_number_list(xyz).reshape(-1, 3),
                                              self.config["features"]))
         source = {"name": "qm9pack", "version": _package_version("qm9pack"), "folder": str(folder),
@@ -297,7 +299,6 @@ class QM9(GraphBenchmark):
     def _read_aimnet(self):
         import pandas as pd
 
-        from mtlflow.benchmarks.realdata import realdata_path
 
         paths = [realdata_path("qm9", f) for f in AIMNET_FILES]
         if any(p is None for p in paths):
@@ -308,7 +309,7 @@ class QM9(GraphBenchmark):
         keep = self._selection(all_ids)
         frame = frame.iloc[keep].reset_index(drop=True)
         graphs = [qm9_graph_from_smiles(s, self.config["features"], seed=self.config["seed"]) for s in frame["smiles"]]
-        invalid = [s for s, g in zip(frame["smiles"], graphs) if g is None]
+        invalid = [s for s, g in zip(frame["smiles"], graphs, strict=True) if g is None]
         if invalid:
             raise DataError(f"{len(invalid)} SMILES of the realdata QM9 files could not be parsed (first: {invalid[0]}); "
                             "restore the shared realdata folder")
@@ -329,8 +330,6 @@ class QM9(GraphBenchmark):
         return {name: GraphDataset(store, rows[name], targets, complete=True) for name in rows}
 
     def make_model(self, task_names: Sequence[str] | None = None) -> MultiTaskModel:
-        from mtlflow.models.mpnn import MPNNTrunk, regression_heads
-
         names = [t.name for t in self.select_tasks(task_names)]
         trunk = MPNNTrunk(node_features=QM9_NODE_FEATURES, edge_features=5, dim=64)
         return MultiTaskModel(trunk, regression_heads(trunk.out_features, len(names)), names)

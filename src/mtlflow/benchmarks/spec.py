@@ -3,8 +3,10 @@
 ``mtlflow prepare --spec my.yaml --out data/mine`` reads the spec's table, encodes the labels of every
 task by its kind, the features (numeric standardised, categorical one-hot or embedding codes, fitted on
 the training split), the molecules (SMILES -> graphs, the MoleculeNet featuriser) or the images of an
-image folder (decoded at the spec's size, :mod:`mtlflow.benchmarks._spec.images`), draws the split and
-writes ``features.npy``, ``graphs.pt`` or ``images.npy``, ``labels.npz``, ``split.npy`` and
+image folder (decoded at the spec's size, :mod:`mtlflow.benchmarks._spec.images`), assigns each row
+its split by a hash of its key or cells (a row keeps its split in later data versions:
+:mod:`mtlflow.benchmarks._spec.splits`) and writes ``features.npy``, ``graphs.pt`` or ``images.npy``,
+``labels.npz``, ``split.npy``, ``row_hashes.npz`` (each row's content digest, per split) and
 ``schema.json`` with a content hash. The model is a built-in trunk per modality (an MLP, the MPNN, a
 torchvision ResNet-18/50 with weights only from a local file) with one head per task, or the spec's
 ``module:function``.
@@ -22,24 +24,49 @@ import importlib
 import inspect
 import json
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from mtlflow.benchmarks._spec.schema import (DataSpec, TaskEntry, location_of, parse_spec, read_spec, spec_file_location,
-                                             with_revision)
-from mtlflow.benchmarks._spec.tables import SPLITS, encode_features, encode_task, read_source, split_codes
-from mtlflow.benchmarks.base import Benchmark, ConfigField, MultiTaskTensorDataset, seed_worker
+from mtlflow.benchmarks import row_hashes
+from mtlflow.benchmarks._graphs import GRAPHS_FILE, GraphDataset, load_store, pack_graphs
+from mtlflow.benchmarks._molgraphs import categorical_graph_from_smiles, categorical_vocab_sizes
+from mtlflow.benchmarks._spec.images import IMAGES_FILE, ImageBatches, images_digest, write_images
+from mtlflow.benchmarks._spec.schema import (
+    DataSpec,
+    TaskEntry,
+    location_of,
+    parse_spec,
+    read_spec,
+    spec_file_location,
+    with_revision,
+)
+from mtlflow.benchmarks._spec.splits import content_digests, split_codes
+from mtlflow.benchmarks._spec.tables import (
+    SPLITS,
+    as_strings,
+    column,
+    encode_features,
+    encode_task,
+    read_source,
+)
+from mtlflow.benchmarks.base import Benchmark, ConfigField, MultiTaskTensorDataset, read_manifest, seed_worker
+from mtlflow.core.budget import layered_budget
 from mtlflow.core.errors import DataError, InvalidParameterError
 from mtlflow.core.registry import described
 from mtlflow.metrics.regression import with_scale
 from mtlflow.metrics.task import TaskSpec
 from mtlflow.metrics.task_types import TASK_TYPES
 from mtlflow.models.base import MultiTaskModel
+from mtlflow.models.mlp import MLPTrunk
+from mtlflow.models.mpnn import MPNNTrunk
+from mtlflow.models.resnet import ResNetTrunk
+from mtlflow.models.tabular import EmbeddingMLPTrunk
 
 SCHEMA_FILE = "schema.json"
 #: the parts of a spec that decide the prepared data (the model and the training defaults do not)
@@ -93,7 +120,9 @@ class SpecBenchmark(Benchmark):
         self.config = {"spec": self.spec.model_dump(mode="json")}
         if schema is not None:
             self.config["schema"] = dict(schema)
-        self.train_defaults = {**SPEC_TRAINING_DEFAULTS, **self.spec.train}
+        # the spec's train: section is the user's own request: its epochs is the most a run trains (the one
+        # budget rule, mtlflow.core.budget), so it drops the default min_steps that would raise it
+        self.train_defaults = layered_budget(SPEC_TRAINING_DEFAULTS, self.spec.train)[0]
 
     @property
     def schema(self) -> dict[str, Any] | None:
@@ -104,6 +133,12 @@ class SpecBenchmark(Benchmark):
     @property
     def label(self) -> str:
         return self.spec.name
+
+    @classmethod
+    def headline_metrics(cls, config: Mapping[str, Any]) -> str:
+        """The spec's ``comparison.delta_m_metrics`` (runs record the spec whole)."""
+        spec = config.get("spec")
+        return parse_spec(spec).comparison.delta_m_metrics if isinstance(spec, Mapping) else "primary"
 
     @property
     def tasks(self) -> list[TaskSpec]:
@@ -124,8 +159,6 @@ class SpecBenchmark(Benchmark):
         source = read_source(self.spec)
         identity = {"spec": self.config["spec"], "table_sha256": source.sha256}
         if self.spec.modality == "images":
-            from mtlflow.benchmarks._spec.images import images_digest
-
             identity["images_sha256"] = images_digest(self.spec, source.table)
         return identity
 
@@ -139,12 +172,8 @@ class SpecBenchmark(Benchmark):
         self._factory_function()
         table = read_source(self.spec).table
         if self.spec.modality == "images":
-            from mtlflow.benchmarks._spec.tables import column
-
             column(table, self.spec.source.image_path_column, location_of(self.spec), ("source", "image_column"))
         if self.spec.modality == "molecules":
-            from mtlflow.benchmarks._spec.tables import column
-
             column(table, self.spec.source.smiles, location_of(self.spec), ("source", "smiles"))
         labels, codes, _, statistics = self._labels_and_split(table)
         if self.spec.modality == "table":  # its schema is known without writing: the factory's model is built too
@@ -189,16 +218,12 @@ class SpecBenchmark(Benchmark):
         if spec.modality == "molecules":
             table, graphs, skipped = molecule_graphs(spec, table)
         elif spec.modality == "images":
-            from mtlflow.benchmarks._spec.images import write_images
-
             table, skipped = write_images(spec, table, out_dir)
         labels, codes, counts, statistics = self._labels_and_split(table)
         train = codes == 0
         schema = self._schema(table, labels, statistics)
         label_matrix = [labels[t.name].values for t in spec.tasks]
         if spec.modality == "molecules":
-            from mtlflow.benchmarks._graphs import GRAPHS_FILE, pack_graphs
-
             if any(t.type == "multilabel" for t in spec.tasks):
                 raise where.error(("tasks",), "molecule tables take binary, multiclass and regression tasks; split a "
                                               "multilabel task into one binary task per label")
@@ -211,6 +236,8 @@ class SpecBenchmark(Benchmark):
                 np.save(out_dir / "features.npy", features)
             np.savez(out_dir / "labels.npz", **{f"task{i}": v for i, v in enumerate(label_matrix)})
         np.save(out_dir / "split.npy", codes)
+        digests = content_digests(table)  # what the retrain gate compares across data versions
+        row_hashes.write(out_dir, {s: digests[codes == c] for c, s in enumerate(SPLITS)})
         self._check_factory(schema)  # last (it needs the schema): out_dir is prepare's temporary folder, dropped
         (out_dir / SCHEMA_FILE).write_text(json.dumps(schema, indent=2) + "\n")
         skipped_rows = {"images": {"missing_images_skipped": skipped},
@@ -225,16 +252,15 @@ class SpecBenchmark(Benchmark):
                 "label_counts": counts}
 
     # -- load ----------------------------------------------------------------------------------------
-    def load(self, data_dir: str | Path, verify: bool = True):
-        from mtlflow.benchmarks.base import read_manifest
-
-        prepared = read_manifest(data_dir).get("config", {}).get("spec", {})
+    def load(self, data_dir: str | Path, verify: bool = True, manifest: Mapping[str, Any] | None = None):
+        manifest = read_manifest(data_dir) if manifest is None else manifest
+        prepared = manifest.get("config", {}).get("spec", {})
         mine = self.config["spec"]
         changed = [k for k in DATA_KEYS if prepared.get(k) != mine.get(k)]
         if changed:
             raise DataError(f"{data_dir} was prepared from another spec ({', '.join(changed)} differ); prepare it "
                             f"again: mtlflow prepare --spec FILE --out {data_dir} --overwrite")
-        return super().load(data_dir, verify)
+        return super().load(data_dir, verify, manifest)
 
     def read_splits(self, data_dir: Path) -> dict[str, Dataset]:
         fix = f"re-run `mtlflow prepare --spec FILE --out {data_dir} --overwrite`"
@@ -246,15 +272,11 @@ class SpecBenchmark(Benchmark):
             raise DataError(f"prepared spec data in {data_dir} is incomplete or corrupt ({exc}); {fix}") from None
         rows = {s: torch.nonzero(codes == c).flatten() for c, s in enumerate(SPLITS)}
         if self.spec.modality == "molecules":
-            from mtlflow.benchmarks._graphs import GraphDataset, load_store
-
             store = load_store(data_dir, self.spec.name, fix)
             return {s: GraphDataset(store, r, store["y"], complete=False) for s, r in rows.items()}
         images = self.spec.modality == "images"
         try:
             if images:
-                from mtlflow.benchmarks._spec.images import IMAGES_FILE, ImageBatches
-
                 x = np.load(data_dir / IMAGES_FILE, mmap_mode="r")
             else:
                 x = torch.from_numpy(np.load(data_dir / "features.npy"))
@@ -262,7 +284,8 @@ class SpecBenchmark(Benchmark):
                 raw = [blob[f"task{i}"] for i in range(len(self.spec.tasks))]
         except (OSError, ValueError, KeyError) as exc:
             raise DataError(f"prepared spec data in {data_dir} is incomplete or corrupt ({exc}); {fix}") from None
-        targets = [self._targets(entry, torch.from_numpy(values)) for entry, values in zip(self.spec.tasks, raw)]
+        targets = [self._targets(entry, torch.from_numpy(values))
+                   for entry, values in zip(self.spec.tasks, raw, strict=True)]
         if images:
             return {s: ImageBatches(x, r, targets, self.spec.features.image, augment=s == "train")
                     for s, r in rows.items()}
@@ -281,7 +304,7 @@ class SpecBenchmark(Benchmark):
         if self.spec.modality != "molecules":
             return super().unpack(batch)
         columns = batch.y.unbind(dim=1)  # graphs carry the raw label columns; shape them per task here
-        return batch, [self._targets(entry, column) for entry, column in zip(self.spec.tasks, columns)]
+        return batch, [self._targets(entry, column) for entry, column in zip(self.spec.tasks, columns, strict=True)]
 
     def make_loader(self, dataset: Dataset, batch_size: int, shuffle: bool = False,
                     generator: torch.Generator | None = None, num_workers: int = 0,
@@ -314,26 +337,18 @@ class SpecBenchmark(Benchmark):
     def _trunk(self) -> nn.Module:
         model_spec = self.spec.model
         if self.spec.trunk == "mpnn":
-            from mtlflow.benchmarks._molgraphs import categorical_vocab_sizes
-            from mtlflow.models.mpnn import MPNNTrunk
-
             node_vocab, edge_vocab = categorical_vocab_sizes()
             return MPNNTrunk(dim=model_spec.hidden[0], node_vocab=node_vocab, edge_vocab=edge_vocab)
         if self.spec.trunk.startswith("resnet"):
-            from mtlflow.models.resnet import ResNetTrunk
-
             try:
                 return ResNetTrunk(int(self.spec.trunk.removeprefix("resnet")), model_spec.weights)
             except DataError as exc:
                 raise location_of(self.spec).error(("model", "weights"), str(exc)) from None
         features = self.schema["features"]
         if features.get("encoding") == "embedding":
-            from mtlflow.models.tabular import EmbeddingMLPTrunk
-
             columns = features["categorical"]
             return EmbeddingMLPTrunk(len(features["numeric"]), [len(c["categories"]) for c in columns],
                                      [c["embedding_dim"] for c in columns], model_spec.hidden, model_spec.dropout)
-        from mtlflow.models.mlp import MLPTrunk
 
         return MLPTrunk(features["width"], model_spec.hidden, model_spec.dropout)
 
@@ -400,9 +415,6 @@ class SpecBenchmark(Benchmark):
 def molecule_graphs(spec: DataSpec, table: Any) -> tuple[Any, list[Any], int]:
     """The table's rows whose SMILES parse, their graphs and how many were skipped (above
     ``source.max_invalid_share`` the spec fails)."""
-    from mtlflow.benchmarks._molgraphs import categorical_graph_from_smiles
-    from mtlflow.benchmarks._spec.tables import as_strings, column
-
     where = location_of(spec)
     smiles = as_strings(column(table, spec.source.smiles, where, ("source", "smiles")))
     graphs, keep = [], []

@@ -20,8 +20,9 @@ The Pareto set is x2 = -8.3552, x1 in [-7, 7].
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn

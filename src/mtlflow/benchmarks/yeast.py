@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import gzip
 import xml.etree.ElementTree as ElementTree
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from mtlflow.benchmarks._tabular import TabularBenchmark
 from mtlflow.core.errors import DataError

@@ -13,9 +13,10 @@ import os
 import signal
 import sys
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from mtlflow.cli import catalog, experiments, pipelines, runs, specs
+from mtlflow.cli import baselines, catalog, experiments, pipelines, runs, specs, tuning
 from mtlflow.cli.common import OneLineParser
 from mtlflow.core.errors import MtlflowError, Terminated
 
@@ -24,7 +25,7 @@ def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="mtlflow", description="Multi-task learning optimisation: "
                                     "methods, benchmarks, training, evaluation and Kubeflow pipelines.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (catalog, specs, runs, pipelines, experiments):
+    for group in (catalog, specs, runs, pipelines, experiments, tuning, baselines):
         group.register(sub)
     return parser
 

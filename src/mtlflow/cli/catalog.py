@@ -24,6 +24,8 @@ def cmd_methods(args: argparse.Namespace) -> int:
         print(f"{r.name:<12} {r.family:<22} {r.cost:<5} {r.paper}")
         print(f"{'':<12} equations: {r.equations}")
         print(f"{'':<12} needs: {needs[r.name]}; hyper-parameters: {hp}")
+        space = ", ".join(f"{k} {v['range']}" for k, v in r.search.items())
+        print(f"{'':<12} tuned over: {space}")
         print(f"{'':<12} from: {methods.origin(r.name)}")
     return 0
 
@@ -61,17 +63,17 @@ def cmd_benchmarks(args: argparse.Namespace) -> int:
 
 
 #: the configuration models (`mtlflow config schema --of NAME`)
-CONFIG_MODELS = ("run", "data", "sweep", "retrain", "distributed_train", "spec")
+CONFIG_MODELS = ("run", "data", "sweep", "retrain", "distributed_train", "tuned_sweep", "spec")
 
 
 def cmd_config(args: argparse.Namespace) -> int:
     from mtlflow.benchmarks._spec.schema import spec_json_schema
     from mtlflow.config.data import DataConfig
-    from mtlflow.config.pipeline import DistributedTrainConfig, RetrainConfig, SweepConfig
+    from mtlflow.config.pipeline import DistributedTrainConfig, RetrainConfig, SweepConfig, TunedSweepConfig
     from mtlflow.config.run import RunConfig
 
     models = {"run": RunConfig, "data": DataConfig, "sweep": SweepConfig, "retrain": RetrainConfig,
-              "distributed_train": DistributedTrainConfig}
+              "distributed_train": DistributedTrainConfig, "tuned_sweep": TunedSweepConfig}
     print(json.dumps(spec_json_schema() if args.of == "spec" else models[args.of].json_schema(), indent=2))
     return 0
 
@@ -92,8 +94,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("config", help="the configuration models: `config schema` prints the JSON schema of RunConfig "
                        "(the `train` flags and every train_options are its fields); --of data / sweep / retrain / "
-                       "distributed_train: of the data and the pipelines' parameters (params.yaml is a sweep); --of spec: of a task "
-                       "spec file (your own data)")
+                       "distributed_train / tuned_sweep: of the data and the pipelines' parameters (params.yaml is a "
+                       "sweep); --of spec: of a task spec file (your own data)")
     p.add_argument("what", choices=["schema"], help="schema: the JSON schema")
     p.add_argument("--of", choices=CONFIG_MODELS, default="run", help="which model (default: run)")
     p.set_defaults(func=cmd_config)

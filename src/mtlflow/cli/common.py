@@ -7,13 +7,15 @@ import dataclasses
 import json
 import types
 import typing
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import yaml
 
+from mtlflow.benchmarks.base import read_manifest
 from mtlflow.config.run import RunConfig, cli_flag, parse_hparams
 from mtlflow.core.errors import InvalidParameterError
-from mtlflow.core.seeding import seed_arg
+from mtlflow.core.seeding import check_seed, seed_arg
 
 
 def parse_value(raw: str) -> Any:
@@ -114,7 +116,6 @@ def check_data_source(args: argparse.Namespace) -> None:
         return
     if not args.data.strip():
         raise InvalidParameterError("--data is empty; give a prepared data directory (from `mtlflow prepare`)")
-    from mtlflow.benchmarks.base import read_manifest
 
     prepared = read_manifest(args.data)
     # --spec FILE sets --benchmark spec: the --spec check below names the flag the user gave
@@ -139,8 +140,6 @@ def int_list(value: str, flag: str) -> list[int]:
 
 def seed_list(value: str) -> list[int]:
     """``--seeds 0,1,2``: distinct seeds, each of the one seed type (:func:`mtlflow.core.seeding.check_seed`)."""
-    from mtlflow.core.seeding import check_seed
-
     seeds = [check_seed(s, "every --seeds entry") for s in int_list(value, "--seeds")]
     if not seeds or len(set(seeds)) != len(seeds):
         raise InvalidParameterError(f"--seeds must list distinct seeds, got {value!r}")

@@ -22,6 +22,7 @@ from mtlflow.cli.common import (
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.outputs import check_output_dir, check_output_path
 from mtlflow.core.seeding import seed_arg
+from mtlflow.metrics.intervals import format_estimate
 
 
 def cmd_toy(args: argparse.Namespace) -> int:
@@ -171,7 +172,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                               progress=not args.no_progress, seeds=seed_list(args.seeds) if args.seeds else None,
                               config_override=parse_assignments(args.set, "--set"),
                               data_options=bench_config(args), command="mtlflow " + " ".join(args.argv))
-    estimate = claims.format_estimate(record["estimate"], digits=4)
+    estimate = format_estimate(record["estimate"], digits=4)
     print(f"reproduce: {args.claim} ({args.scale}): {estimate} over {record['estimate']['n']} value(s); paper "
           f"{record['paper_text']}; {record['verdict']} ({record['seconds']:.0f} s); wrote "
           f"{claims.result_path(args.out, args.claim, args.scale)}")
@@ -194,8 +195,7 @@ def reproduce_pipeline(args: argparse.Namespace, targets: list[str]) -> int:
                                     f"compile-time setting), got {args.device!r}")
     seeds = seed_list(args.seeds) if args.seeds else None
     settings = parse_assignments(args.set, "--set")
-    claim, _, _ = claims.resolve(args.claim, args.scale, seeds, settings)
-    claims.seedwise(claim)
+    claims.resolve(args.claim, args.scale, seeds, settings)
     params = pipeline.parameters(args.claim, args.scale, seeds, settings, bench_config(args),
                                  "mtlflow " + " ".join(args.argv))
     if args.local:
@@ -207,7 +207,7 @@ def reproduce_pipeline(args: argparse.Namespace, targets: list[str]) -> int:
         record = pipeline.run_local(params, args.workdir, device=args.device)
         atomic.write_json(target, record)
         print(f"reproduce: {args.claim} ({args.scale}) as a pipeline: "
-              f"{claims.format_estimate(record['estimate'], digits=4)} over {record['estimate']['n']} value(s); "
+              f"{format_estimate(record['estimate'], digits=4)} over {record['estimate']['n']} value(s); "
               f"{record['verdict']}; wrote {target} (kfp.local artifacts under {args.workdir})")
         return 0
     from mtlflow.config.cluster import load_profile

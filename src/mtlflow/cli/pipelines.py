@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import sys
+import tempfile
 from pathlib import Path
 
 from mtlflow.cli.common import (
@@ -13,6 +15,7 @@ from mtlflow.cli.common import (
 
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
+    from mtlflow.config.pipeline import pipeline_arguments
     from mtlflow.pipelines import runner
 
     if args.pipeline_command == "compile":
@@ -29,42 +32,57 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         print(f"compiled {name} pipeline to {path}")
         return 0
     params = runner.load_params(args.params_file, parse_assignments(args.param, "--param"))
+    params, budget_note = pipeline_arguments(runner.canonical_name(args.pipeline), params)  # the one budget rule
+    if budget_note:
+        print(budget_note, file=sys.stderr)
     if args.pipeline_command == "run":
         result = runner.run_local(params, workdir=args.workdir, pipeline=args.pipeline, storage_root=args.storage_root)
         results = result.parent / "results" / "results.json"
         if result.suffix == ".html" and results.is_file():  # a sweep: its verdict and table first
-            from mtlflow.core import atomic
+            from mtlflow.jobs.compare.summary import read_summary
             from mtlflow.jobs.report import headline_markdown
 
-            print(headline_markdown(atomic.read_json(results, "results")))
+            print(headline_markdown(read_summary(results)))
         print(f"{'report' if result.suffix == '.html' else 'result'}: {result}")
         return 0
+    print(json.dumps(_submit_or_schedule(args, params)))
+    return 0
+
+
+def _submit_or_schedule(args: argparse.Namespace, params: dict) -> dict:
+    """`mtlflow pipeline submit | schedule`: the host (and cron) checked, the parameters validated and the
+    pipeline compiled here, before :mod:`mtlflow.ops.kfp_client` sends the package."""
     from mtlflow.config.cluster import load_profile
+    from mtlflow.config.pipeline import validate_cron
     from mtlflow.ops import kfp_client
-    from mtlflow.pipelines import cluster
+    from mtlflow.pipelines import cluster, runner
 
     # the pipeline is compiled for the profile's cluster, and its pods run as the profile's account
     profile = load_profile(args.profile) if args.profile else None
     service_account = args.service_account or (profile.service_account if profile else None)
-    with cluster.profile_applied(profile) if profile else contextlib.nullcontext():
-        if args.pipeline_command == "submit":
-            info = kfp_client.submit(args.host, args.pipeline, params, experiment=args.experiment,
-                                     run_name=args.run_name, namespace=args.namespace,
-                                     enable_caching=False if args.no_cache else None,
-                                     service_account=service_account)
-        else:
-            info = kfp_client.schedule(args.host, args.pipeline, args.cron, params, experiment=args.experiment,
-                                       job_name=args.job_name, namespace=args.namespace,
-                                       service_account=service_account)
-    print(json.dumps(info))
-    return 0
+    kfp_client.check_host(args.host)
+    cron = validate_cron(args.cron) if args.pipeline_command == "schedule" else None
+    with (cluster.profile_applied(profile) if profile else contextlib.nullcontext(),
+          tempfile.TemporaryDirectory(prefix=f"mtlflow-{args.pipeline_command}-") as tmp):
+        runner.validate_params(args.pipeline, params)
+        package = runner.compile_pipeline(Path(tmp) / f"{runner.canonical_name(args.pipeline)}.yaml",
+                                          pipeline=args.pipeline)
+        if cron is None:
+            # a run started from a pipeline version cannot override caching: --no-cache is a version of its own
+            package = kfp_client.with_caching(package, False) if args.no_cache else package
+            return kfp_client.submit_package(args.host, package, params, experiment=args.experiment,
+                                             run_name=args.run_name, namespace=args.namespace,
+                                             service_account=service_account)
+        return kfp_client.schedule_package(args.host, package, cron, params, experiment=args.experiment,
+                                           job_name=args.job_name, namespace=args.namespace,
+                                           service_account=service_account)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the pipeline commands."""
     p = sub.add_parser("pipeline", help="Kubeflow pipelines: run locally, compile, submit, schedule")
     psub = p.add_subparsers(dest="pipeline_command", required=True, metavar="ACTION")
-    pipeline_help = "benchmark_sweep (alias main), retrain or distributed_train (cluster only)"
+    pipeline_help = "benchmark_sweep (alias main), retrain, tuned_sweep or distributed_train (cluster only)"
 
     def pipeline_params(q: argparse.ArgumentParser, default: str) -> None:
         q.add_argument("--pipeline", default=default, help=f"{pipeline_help}; default {default}")

@@ -38,6 +38,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from mtlflow import jobs
     from mtlflow.engine import distributed
+    from mtlflow.jobs import katib_metrics  # noqa: PLC0415 (loads torch: `mtlflow --help` stays light)
     from mtlflow.ops.observability import resolve_pushgateway, training_exporters
 
     check_data_source(args)
@@ -54,9 +55,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         return subprocess.run(distributed.torchrun_command(args.nproc, args.argv)).returncode
     main_rank = distributed.is_main_process()  # under torchrun only rank 0 exports and prints
     exporters = training_exporters(gateway, args.metrics_port, pipeline_run=args.pipeline_run or "")
+    katib = katib_metrics.callbacks(args.katib_metrics) if main_rank else []  # a bad file is refused before training
     with (exporters if main_rank else contextlib.nullcontext([])) as callbacks:
         result = jobs.train(out_dir=args.out, resume=args.resume, overwrite=args.overwrite,
-                            progress=not args.no_progress, callbacks=callbacks, **request)
+                            progress=not args.no_progress, callbacks=[*callbacks, *katib], **request)
     if main_rank:
         print(json.dumps({"run_dir": args.out, "test": result["final"]["test"]}))
         outcome = result["training"]  # on stderr: stdout stays one JSON line
@@ -118,7 +120,9 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     print(markdown_table(summary), end="")
     print(f"report: {Path(args.out) / 'report.html'}")
     if gateway:
-        export_summary(summary, gateway)
+        from mtlflow.jobs.compare.summary import to_json
+
+        export_summary(to_json(summary), gateway)  # the exporter (ops, below jobs) reads results.json's form
     return 0
 
 
@@ -181,6 +185,10 @@ def cmd_stage(args: argparse.Namespace) -> int:
         stages.stage_evaluate(params)
     elif args.stage == "experiment":
         stages.stage_experiment(params)
+    elif args.stage == "tune":
+        stages.stage_tune(params)
+    elif args.stage == "baselines":
+        stages.stage_baselines(params)
     else:
         stages.stage_aggregate(params)
     return 0
@@ -218,6 +226,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pipeline-run", metavar="NAME", help="the pipeline run this training belongs to: added to "
                    "the Pushgateway grouping key, so that the pipeline's exit handler deletes the group when the "
                    "run ends (set by the distributed pipeline's TrainJob)")
+    p.add_argument("--katib-metrics", metavar="SCORER_JSON", help="print the validation score against this tuning "
+                   "study's scorer and the per-task val metrics as name=value lines after every epoch, for Katib's "
+                   "StdOut metrics collector (set by the Katib launcher's trials)")
     p.add_argument("--nproc", type=int, metavar="N", help="data-parallel training in N processes (runs "
                    "`torchrun --standalone --nproc_per_node N -m mtlflow train ...`; global batch = N x --batch-size)")
     p.set_defaults(func=cmd_train)
@@ -233,7 +244,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("aggregate", help="compare runs: Δm%%, mean rank, hypervolume, Pareto plot, HTML")
-    p.add_argument("run_dirs", nargs="+")
+    p.add_argument("run_dirs", nargs="+", help="the sweep's run directories, and any `mtlflow baseline` directories "
+                                               "(rows beside the methods, in no score)")
     p.add_argument("--references", nargs="*", help="single-task reference run directories")
     p.add_argument("--paper-references", action=argparse.BooleanOptionalAction, default=None,
                    help="also report Δm%% against the papers' single-task values (default: when the benchmark "
@@ -266,7 +278,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("stage", help="run one DVC stage of dvc.yaml (reads params.yaml); `stage status`: what "
                                      "dvc repro would run, the source stage's data inputs included")
     p.add_argument("stage", choices=["source", "prepare", "train", "reference", "evaluate", "aggregate", "experiment",
-                                     "status"])
+                                     "tune", "baselines", "status"])
     p.add_argument("--method")
     p.add_argument("--task")
     p.add_argument("--seed", type=seed_arg, default=0)

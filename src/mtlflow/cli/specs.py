@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 
 from mtlflow.cli.common import csv_list
+from mtlflow.core import atomic
+from mtlflow.core.errors import InvalidParameterError
+from mtlflow.core.outputs import check_output_path
 
 
 def cmd_spec_init(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
-    from mtlflow.benchmarks._spec.infer import infer_spec
-    from mtlflow.core import atomic
-    from mtlflow.core.errors import InvalidParameterError
-    from mtlflow.core.outputs import check_output_path
+    # the spec inference (and its pydantic schema) loads when `mtlflow spec infer` runs, not on every CLI start
+    from mtlflow.benchmarks._spec.infer import infer_spec  # noqa: PLC0415
 
     out = check_output_path(args.out, "--out", "file", [("the table", args.table), ("--images", args.images, True)])
     if out.exists() and not args.overwrite:

@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from mtlflow.core import atomic
 from mtlflow.core.errors import InvalidParameterError
 
 #: Kubernetes CPU quantities (cores or millicores) and binary memory quantities
@@ -181,8 +182,6 @@ class ClusterProfile(_Strict):
 def load_profile(path: str | Path) -> ClusterProfile:
     """The profile in a YAML file; any problem is one :class:`InvalidParameterError` naming the file
     and the key path."""
-    from mtlflow.core import atomic
-
     data = atomic.read_yaml(path, "cluster profile")
     if not isinstance(data, dict):
         raise InvalidParameterError(f"cluster profile {path} must be a mapping of settings (name, node_selector, "

@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import field
-from typing import Any, Mapping
+from typing import Any
 
 from mtlflow.core.errors import InvalidParameterError
 
@@ -87,7 +88,8 @@ class ConfigModel:
     @classmethod
     def json_schema(cls) -> dict[str, Any]:
         """The JSON schema of the model (types and defaults from pydantic, help texts as descriptions)."""
-        from pydantic import TypeAdapter
+        # config.model is on the import path of `mtlflow --help`; pydantic only serves this schema dump here
+        from pydantic import TypeAdapter  # noqa: PLC0415
 
         schema = TypeAdapter(cls).json_schema()
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]

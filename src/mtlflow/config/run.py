@@ -17,14 +17,16 @@ import hashlib
 import json
 import math
 import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from mtlflow import methods as method_registry
 from mtlflow import teleport
 from mtlflow.config.model import ConfigModel, option
+from mtlflow.core.budget import layered_budget
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.seeding import check_seed
 from mtlflow.grad_engine import BACKENDS, GRAD_WRT
@@ -74,9 +76,11 @@ class RunConfig(ConfigModel):
     method: str = option("ls", "the MTL method (see `mtlflow methods`)")
     hparams: dict[str, Any] = option(help="the method's hyper-parameters (see `mtlflow methods`)", factory=dict,
                                      flag="--hp")
-    epochs: int = option(10, "training epochs (the most; raised to reach min_steps, cut short by patience)")
-    min_steps: int | None = option(None, "minimum optimizer steps of the run: epochs are raised to reach them "
-                                         "(recorded in run.json under budget)")
+    epochs: int = option(10, "training epochs, the most the run trains when given (a default min_steps is then "
+                             "dropped: mtlflow.core.budget); cut short by patience")
+    min_steps: int | None = option(None, "minimum optimizer steps of the run: the epochs are raised to reach them "
+                                         "(recorded in run.json under budget); a default one yields to a given "
+                                         "epochs")
     min_steps_per_epoch: int | None = option(None, "lower the batch size so that an epoch has at least this many "
                                                    "optimizer steps (batch <= training rows / N; recorded)")
     patience: int | None = option(None, "early stopping: stop after this many epochs without a better validation "
@@ -136,14 +140,7 @@ class RunConfig(ConfigModel):
         # a method's own recipe on this benchmark (e.g. LDC-MTL's Table 5 step sizes), still below the user's
         values.update(bench_defaults.get("per_method", {}).get(overrides.get("method"), {}))
         given = {k: v for k, v in overrides.items() if v is not None or k not in names}
-        # the user's own epochs or batch size win over the recipe's budget rule that would change them: a default
-        # min_steps raising `--epochs 2` to 167 epochs (or min_steps_per_epoch shrinking `--batch-size`) would
-        # override what was asked for; both rules still apply when the user (or the sweep) gives them too
-        for asked, rule in (("epochs", "min_steps"), ("batch_size", "min_steps_per_epoch")):
-            if asked in given and rule not in given:
-                values.pop(rule, None)
-        values.update(given)
-        return cls.from_mapping(values)
+        return cls.from_mapping(layered_budget(values, given)[0])
 
     @property
     def selection(self) -> str:

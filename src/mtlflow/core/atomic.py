@@ -11,8 +11,13 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+
+import yaml
+
+from mtlflow.core.errors import DataError, InvalidParameterError, StorageError
 
 
 def _fsync_dir(path: Path) -> None:
@@ -37,8 +42,6 @@ STORAGE_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "th
 def storage_errors(target: Path) -> Iterator[None]:
     """A full, over-quota or read-only file system while writing ``target`` as one
     :class:`~mtlflow.core.errors.StorageError` line naming the file and the fix; other errors pass."""
-    from mtlflow.core.errors import StorageError
-
     try:
         yield
     except Exception as exc:
@@ -129,7 +132,7 @@ def _json_default(obj: Any) -> Any:
 
 
 def torch_save(obj: Any, target: str | os.PathLike) -> None:
-    import torch
+    import torch  # noqa: PLC0415 -- the one torch user of core.atomic: the JSON/YAML writers stay free of torch
 
     with atomic_path(target) as tmp, open(tmp, "wb") as fh:
         # through a Python file, so that a full disk is an OSError (ENOSPC) and not torch's RuntimeError
@@ -167,8 +170,6 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
 
 def read_json(path: str | os.PathLike, what: str = "file") -> Any:
     """Read JSON, turning a missing or corrupt file into a one-line :class:`DataError`."""
-    from mtlflow.core.errors import DataError
-
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{what} not found: expected {path}")
@@ -182,8 +183,6 @@ def read_json(path: str | os.PathLike, what: str = "file") -> Any:
 def read_yaml(path: str | os.PathLike, what: str = "YAML file") -> Any:
     """Read a YAML parameter file; every problem is one :class:`InvalidParameterError` line, a syntax
     error as ``FILE:LINE:COL: message`` (the position editors and CI annotations jump to)."""
-    from mtlflow.core.errors import InvalidParameterError
-
     path = Path(path)
     if path.is_dir():
         raise InvalidParameterError(f"{what} {path} is a directory; give the YAML file inside it")
@@ -199,8 +198,6 @@ def read_yaml(path: str | os.PathLike, what: str = "YAML file") -> Any:
 def _unique_keys_loader() -> type:
     """PyYAML's SafeLoader refusing a mapping that names a key twice: plain ``safe_load`` keeps the last value
     without a word, so ``epochs: 5`` above ``epochs: 50`` silently loses one of them."""
-    import yaml
-
     class UniqueKeyLoader(yaml.SafeLoader):
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             if isinstance(node, yaml.MappingNode):
@@ -222,10 +219,6 @@ def _unique_keys_loader() -> type:
 
 def parse_yaml(text: str, name: str, what: str = "YAML file") -> Any:
     """The YAML document ``text`` (read from ``name``); a syntax error is one line ``NAME:LINE:COL: message``."""
-    import yaml
-
-    from mtlflow.core.errors import InvalidParameterError
-
     try:
         return yaml.load(text, Loader=_unique_keys_loader())
     except yaml.YAMLError as exc:

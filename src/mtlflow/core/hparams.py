@@ -8,8 +8,9 @@ preparation options as :class:`ConfigField` (an ``HParam`` without the type coer
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from mtlflow.core.errors import InvalidParameterError
 
@@ -56,11 +57,72 @@ class ConfigField:
         return self.check is None or self.check(value)
 
 
+SCALES = ("log", "linear", "int", "categorical")
+
+
+@dataclass(frozen=True)
+class SearchRange:
+    """Where a tuner may look for a setting: ``[low, high]`` on a ``log``, ``linear`` or ``int`` scale, or
+    one of ``choices`` (``categorical``); ``source`` cites the paper's grid or recommendation it comes from."""
+
+    scale: str
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[Any, ...] = ()
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.scale not in SCALES:
+            raise InvalidParameterError(f"search range: scale must be one of {', '.join(SCALES)}, got {self.scale!r}")
+        if self.scale == "categorical":
+            if not self.choices:
+                raise InvalidParameterError("search range: a categorical range needs at least one choice")
+            return
+        if self.low is None or self.high is None or not self.low < self.high:
+            raise InvalidParameterError(f"search range: needs low < high, got [{self.low}, {self.high}]")
+        if self.scale == "log" and self.low <= 0:
+            raise InvalidParameterError(f"search range: a log scale needs low > 0, got {self.low}")
+
+    def describe(self) -> str:
+        """The range in words, as ``mtlflow methods`` prints it (``log [1e-04, 1e-02]``)."""
+        if self.scale == "categorical":
+            return "one of {" + ", ".join(map(str, self.choices)) + "}"
+        return f"{self.scale} [{self.low:g}, {self.high:g}]"
+
+    def as_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"scale": self.scale, "range": self.describe(), "source": self.source}
+        if self.scale == "categorical":
+            data["choices"] = list(self.choices)
+        else:
+            data.update(low=self.low, high=self.high)
+        return data
+
+    @classmethod
+    def from_mapping(cls, owner: str, data: Mapping[str, Any]) -> SearchRange:
+        """A range from a params file (``{scale: log, low: 1e-4, high: 1e-2}`` or ``{choices: [...]}``)."""
+        known = {"scale", "low", "high", "choices", "source", "range"}  # "range": as_dict's words, ignored
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InvalidParameterError(f"search range of {owner}: unknown key(s) {', '.join(unknown)}; "
+                                        f"valid: {', '.join(sorted(known))}")
+        scale = data.get("scale", "categorical" if "choices" in data else None)
+        if scale is None:
+            raise InvalidParameterError(f"search range of {owner}: give a scale (log, linear, int) with low and "
+                                        "high, or choices")
+        try:
+            return cls(scale=scale, low=data.get("low"), high=data.get("high"),
+                       choices=tuple(data.get("choices") or ()), source=str(data.get("source", "params file")))
+        except InvalidParameterError as exc:
+            raise InvalidParameterError(str(exc).replace("search range", f"search range of {owner}", 1)) from None
+
+
 @dataclass(frozen=True)
 class HParam(ConfigField):
-    """A hyper-parameter: a setting whose value :meth:`coerce` also checks against a type."""
+    """A hyper-parameter: a setting whose value :meth:`coerce` also checks against a type; ``search`` is the
+    range a tuner explores (``None``: not tuned, the default is used)."""
 
     kind: type | None = None
+    search: SearchRange | None = None
 
     def coerce(self, method: str, name: str, value: Any) -> Any:
         kind = self.kind or (type(self.default) if self.default is not None else None)

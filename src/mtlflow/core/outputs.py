@@ -4,10 +4,11 @@ Every command checks its output paths *before* it loads data or builds a model, 
 (:func:`check_output_path`; :func:`check_output_dir` for directories): the path is resolved (symlink
 loops, dangling links and kernel file systems refused), must be of the right kind, writable, and clear of
 the command's inputs. A command that writes a run or dataset directory holds an exclusive
-lock on it for as long as it writes (:func:`locked_dir`). The lock is an ``flock`` on a hidden file
-holding the writer's pid: the kernel drops it when the writer dies (even by SIGKILL), so a lock can
-never go stale, and while it is held no other mtlflow process writes there -- which is what makes
-removing the temporary files of dead writers (:func:`remove_orphaned_temp_files`) safe.
+lock on it for as long as it writes (:func:`locked_dir`). The lock is an ``flock``
+(:mod:`mtlflow.core.locks`) on a hidden file holding the writer's pid: the kernel drops it when the
+writer dies (even by SIGKILL), so a lock can never go stale, and while it is held no other mtlflow
+process writes there -- which is what makes removing the temporary files of dead writers
+(:func:`remove_orphaned_temp_files`) safe.
 
 A run directory that already holds a result is never replaced silently (:func:`claim_run_dir`):
 the caller must say ``resume`` (continue from its checkpoint) or ``overwrite`` (the old result files
@@ -19,19 +20,20 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import glob
 import json
 import os
 import re
 import shutil
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Iterator, Literal
+from typing import Literal
 
-from mtlflow.core.atomic import storage_errors
-from mtlflow.core.errors import InvalidParameterError, OutputInUseError
+from mtlflow.core.atomic import read_json, storage_errors
+from mtlflow.core.errors import DataError, InvalidParameterError, OutputInUseError
 from mtlflow.core.hashing import MANIFEST_NAME
+from mtlflow.core.locks import file_lock_or_fail
 
 LOCK_NAME = ".mtlflow.lock"
 #: files a training run writes into its directory (PaLoRA adds its front plot)
@@ -161,21 +163,17 @@ def _holder(lock_file: Path) -> str:
 def locked_dir(lock_file: str | os.PathLike, what: str) -> Iterator[None]:
     """Hold an exclusive, non-blocking lock on ``lock_file`` (created, with this pid) while writing ``what``."""
     lock_file = Path(lock_file)
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_file, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise OutputInUseError(f"{what} is in use by {_holder(lock_file)}; wait for it to finish or "
-                                   "choose another output directory") from None
-        try:
-            with storage_errors(lock_file):  # a disk that filled up since the guard checked it
-                handle.truncate(0)
-                handle.write(f"{os.getpid()}\n")
-                handle.flush()
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def in_use() -> OutputInUseError:
+        return OutputInUseError(f"{what} is in use by {_holder(lock_file)}; wait for it to finish or "
+                                "choose another output directory")
+
+    with file_lock_or_fail(lock_file, busy=in_use) as handle:
+        with storage_errors(lock_file):  # a disk that filled up since the guard checked it
+            handle.truncate(0)
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
+        yield
 
 
 def remove_orphaned_temp_files(directory: str | os.PathLike, target: str | None = None) -> list[Path]:
@@ -203,9 +201,6 @@ def remove_orphaned_temp_files(directory: str | os.PathLike, target: str | None 
 
 
 def _status(run_dir: Path) -> str:
-    from mtlflow.core.atomic import read_json
-    from mtlflow.core.errors import DataError
-
     try:
         return str(read_json(run_dir / "run.json", "run description").get("status"))
     except (DataError, AttributeError):

@@ -21,9 +21,10 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+from collections.abc import Callable, Mapping
 from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
-from typing import Any, Callable, Generic, Mapping, TypeVar
+from typing import Any, Generic, TypeVar
 
 from mtlflow.core.errors import InvalidParameterError, UnknownNameError, UsageError
 

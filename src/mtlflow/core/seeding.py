@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import random
 from typing import Any
 
 import numpy as np
 import torch
+
+from mtlflow.core.errors import InvalidParameterError
 
 #: seeds are 32-bit unsigned integers: NumPy's legacy seeding accepts no more, and one range for the
 #: CLI, params files and pipelines means a seed accepted in one place is accepted everywhere
@@ -15,8 +18,6 @@ SEED_LIMIT = 2**32
 
 def check_seed(value: object, what: str = "seed") -> int:
     """``value`` as a seed, 0 <= seed < 2**32; anything else is a one-line :class:`InvalidParameterError`."""
-    from mtlflow.core.errors import InvalidParameterError
-
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_LIMIT:
         raise InvalidParameterError(f"{what} must be an integer in [0, 2**32), got {value!r}")
     return value
@@ -24,8 +25,6 @@ def check_seed(value: object, what: str = "seed") -> int:
 
 def seed_arg(text: str) -> int:
     """argparse ``type`` of every ``--seed``: the same rule as :func:`check_seed`."""
-    import argparse
-
     try:
         value = int(text)
     except ValueError:

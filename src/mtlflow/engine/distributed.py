@@ -49,22 +49,26 @@ per-rank data).
 from __future__ import annotations
 
 import atexit
-import contextlib
 import datetime
-import fcntl
 import logging
 import math
 import os
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from mtlflow.core.errors import InvalidParameterError, MtlflowError
+from mtlflow.core.numerics import gramian_float64
 from mtlflow.core.seeding import epoch_generator
+from mtlflow.engine.step import GradientMode
+from mtlflow.methods.base import GramianWeighting
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +93,7 @@ class TorchrunEnv:
     local_rank: int = 0
 
     @classmethod
-    def read(cls, environ: Mapping[str, str] | None = None) -> "TorchrunEnv":
+    def read(cls, environ: Mapping[str, str] | None = None) -> TorchrunEnv:
         env = os.environ if environ is None else environ
         values = {}
         for key, name in (("rank", "RANK"), ("world_size", "WORLD_SIZE"), ("local_rank", "LOCAL_RANK")):
@@ -147,17 +151,15 @@ class EpochShardSampler(DistributedSampler):
         return iter(order[self.rank:self.total_size:self.num_replicas])
 
 
-def unsupported_reason(method: Any, gradient_mode: str, teleport: str | None = None) -> str | None:
+def unsupported_reason(method: Any, gradient_mode: GradientMode, teleport: str | None = None) -> str | None:
     """Why a method (with this gradient mode and teleport wrapper) cannot train under torchrun, or ``None``."""
-    from mtlflow.methods.base import GramianWeighting
-
     if method.custom_step:
         return (f"method {method.name!r} owns its training step (custom_step) and does not support torchrun/DDP "
                 "yet; train it in one process (without torchrun or --nproc)")
-    if gradient_mode == "gramian":
+    if gradient_mode == GradientMode.GRAMIAN:
         return ("grad_backend 'autogram' computes only this rank's Gramian, but the Gramian of the rank-averaged "
                 "Jacobian needs cross-rank products; use --grad-backend loop (or auto) under torchrun")
-    if gradient_mode == "representation" and not isinstance(method, GramianWeighting):
+    if gradient_mode == GradientMode.REPRESENTATION and not isinstance(method, GramianWeighting):
         return (f"method {method.name!r} combines per-sample feature gradients, which differ in size across ranks; "
                 "use grad_wrt=parameters under torchrun")
     if teleport:
@@ -201,12 +203,10 @@ class Distributed:
 
     def representation_gramian(self, rows: Tensor) -> Tensor:
         """Gramian of the per-task gradients w.r.t. the shared features (rows ``[K, numel(z)]``), in float64
-        (:mod:`mtlflow.methods._numerics`: a low-precision Gramian is not PSD to working precision)."""
-        from mtlflow.methods._numerics import gramian_float64
-
+        (:mod:`mtlflow.core.numerics`: a low-precision Gramian is not PSD to working precision)."""
         return gramian_float64(rows)
 
-    def average_gradients(self, params: Sequence[Tensor], gradient_mode: str) -> None:
+    def average_gradients(self, params: Sequence[Tensor], gradient_mode: GradientMode) -> None:
         """Average the ``.grad`` that this rank's own backward passes wrote."""
 
     def sync_parameters(self, model: torch.nn.Module, when: str) -> None:
@@ -242,8 +242,6 @@ class TorchrunGroup(Distributed):
         self._sampler: EpochShardSampler | None = None
 
     def _dist(self):
-        import torch.distributed as dist
-
         return dist
 
     def check_supported(self, trainer: Any) -> None:
@@ -274,7 +272,7 @@ class TorchrunGroup(Distributed):
             counts = buffer[:len(index)].tolist()
             buffer.div_(self.world_size)
             offset = len(index)
-            for count, i in zip(counts, index):
+            for count, i in zip(counts, index, strict=True):
                 n = like[i].numel()
                 out[i] = buffer[offset:offset + n].view_as(like[i]) if count > 0 else None
                 offset += n
@@ -290,13 +288,14 @@ class TorchrunGroup(Distributed):
         global_losses = self.mean_losses(torch.stack([loss.detach() for loss in losses]))
         # value = the global loss exactly, gradient = this rank's graph (loss - loss.detach() is 0)
         work.forward = replace(work.forward,
-                               losses=[g + (loss - loss.detach()) for g, loss in zip(global_losses, losses)])
+                               losses=[g + (loss - loss.detach())
+                                       for g, loss in zip(global_losses, losses, strict=True)])
         values: list[Tensor | None] = []
         like: list[Tensor] = []
         if work.jacobian is not None:
             values.append(work.jacobian)
             like.append(work.jacobian)
-        heads = list(head_params) if work.mode == "jacobian" else []
+        heads = list(head_params) if work.mode == GradientMode.JACOBIAN else []
         values += [p.grad for p in heads]
         like += heads
         if not like:
@@ -304,21 +303,19 @@ class TorchrunGroup(Distributed):
         reduced = self._all_reduce_mean(values, like)
         if work.jacobian is not None:
             work.jacobian, reduced = reduced[0], reduced[1:]
-        for p, grad in zip(heads, reduced):
+        for p, grad in zip(heads, reduced, strict=True):
             p.grad = grad
 
     def representation_gramian(self, rows: Tensor) -> Tensor:
-        from mtlflow.methods._numerics import gramian_float64
-
         gramian = gramian_float64(rows).contiguous()
         self._dist().all_reduce(gramian)
         return gramian / self.world_size ** 2
 
-    def average_gradients(self, params: Sequence[Tensor], gradient_mode: str) -> None:
-        if gradient_mode == "jacobian":  # the direction came from the averaged J; heads were averaged before
+    def average_gradients(self, params: Sequence[Tensor], gradient_mode: GradientMode) -> None:
+        if gradient_mode == GradientMode.JACOBIAN:  # the direction came from the averaged J; heads were averaged before
             return
         params = list(params)
-        for p, grad in zip(params, self._all_reduce_mean([p.grad for p in params], params)):
+        for p, grad in zip(params, self._all_reduce_mean([p.grad for p in params], params), strict=True):
             p.grad = grad
 
     def _broadcast(self, tensors: Sequence[Tensor]) -> list[Tensor]:
@@ -343,7 +340,7 @@ class TorchrunGroup(Distributed):
         reference = self._broadcast([*params, *buffers])
         deviation = torch.zeros((), dtype=torch.float64, device=self.device)
         scale = torch.ones((), dtype=torch.float64, device=self.device)
-        for p, ref in zip(params, reference):
+        for p, ref in zip(params, reference, strict=True):
             if p.numel():
                 deviation = torch.maximum(deviation, (p.detach() - ref).abs().max().to(deviation))
                 scale = torch.maximum(scale, ref.abs().max().to(scale))
@@ -357,7 +354,7 @@ class TorchrunGroup(Distributed):
             log.warning("ranks differ from rank 0 by %.3g (relative, float rounding) at %s; using rank 0's values",
                         drift, when)
         with torch.no_grad():
-            for t, ref in zip([*params, *buffers], reference):
+            for t, ref in zip([*params, *buffers], reference, strict=True):
                 t.copy_(ref)
 
     def from_rank0(self, compute: Callable[[], T]) -> T:
@@ -418,7 +415,6 @@ def from_env(device: torch.device) -> Distributed:
     topology = TorchrunEnv.read()
     if topology.world_size == 1:
         return Distributed()
-    import torch.distributed as dist
 
     if device.type == "cuda":
         if device.index is not None and device.index != topology.local_rank:
@@ -441,31 +437,13 @@ def from_env(device: torch.device) -> Distributed:
 
 
 def _destroy_process_group() -> None:
-    import torch.distributed as dist
-
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def file_lock(path: str | os.PathLike) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created if needed): torchrun's processes on one node
-    prepare the shared data cache one at a time, and the later ones find it ready."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def torchrun_command(nproc: int, argv: Sequence[str]) -> list[str]:
     """``python -m torch.distributed.run --standalone --nproc_per_node N -m mtlflow ARGV`` with the
     ``--nproc`` option removed from ``argv`` (the command ``mtlflow train --nproc N`` runs)."""
-    import sys
-
     if nproc < 1:
         raise InvalidParameterError(f"--nproc must be >= 1, got {nproc}")
     kept: list[str] = []

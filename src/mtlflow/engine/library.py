@@ -38,10 +38,11 @@ the model on the batch themselves, PaLoRA's Pareto front, LDC-MTL's router -- de
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Callable, Iterable, Iterator, Sequence, cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -49,6 +50,7 @@ from torch import Tensor, nn
 from mtlflow import methods as method_registry
 from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.errors import InvalidParameterError, NonFiniteLossError
+from mtlflow.core.numerics import blas_on_one_thread
 from mtlflow.engine import step as step_rules
 from mtlflow.grad_engine import (
     ForwardPass,
@@ -59,7 +61,6 @@ from mtlflow.grad_engine import (
     resolve_backend,
     write_flat_grad,
 )
-from mtlflow.methods._numerics import blas_on_one_thread
 from mtlflow.methods.base import GradientMethod, GradInput, GramianWeighting, Method, StepContext
 
 __all__ = ["BackwardResult", "MTLBackward", "mtl_backward"]
@@ -123,10 +124,10 @@ def _accumulating(params: Sequence[Tensor]) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        for p, before in zip(params, held):
+        for p, before in zip(params, held, strict=True):
             p.grad = before
         raise
-    for p, before in zip(params, held):
+    for p, before in zip(params, held, strict=True):
         if before is not None:
             p.grad = before if p.grad is None else before.add_(p.grad)
 
@@ -210,7 +211,7 @@ class MTLBackward:
         to your optimizer (the trainer uses ``--method-lr`` and no weight decay for them)."""
         return self.method.parameters()
 
-    def to(self, device: torch.device | str) -> "MTLBackward":
+    def to(self, device: torch.device | str) -> MTLBackward:
         """Move the method's tensors to ``device``, for a model moved after this object was built (Lightning
         moves it before ``configure_optimizers``); the learned tensors are new leaves, so call it before
         building the optimizer."""

@@ -1,32 +1,35 @@
 """A run directory's files as one unit: ``run.json`` describes the run, ``metrics.json`` and ``model.pt``
 must be that run's results, ``checkpoint.pt`` resumes it. The trainer writes them through this module
-(the one place their formats are defined) and every reader (evaluate, aggregate, reports) reads them here.
+(the one place their formats are defined), from a :class:`RunRecord` of the run and its progress passed
+explicitly, and every reader (evaluate, aggregate, reports) reads them here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import platform
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 import mtlflow
+from mtlflow import benchmarks
 from mtlflow.core import atomic
 from mtlflow.core.errors import DataError, InvalidParameterError, StorageError
-from mtlflow.core.seeding import capture_rng_state, restore_rng_state
 from mtlflow.models import architectures
 
-if TYPE_CHECKING:
-    from mtlflow.engine.trainer import Trainer
+if TYPE_CHECKING:  # annotations only: the run-directory readers stay light to import
+    from mtlflow.config.run import RunConfig
+    from mtlflow.engine.distributed import Distributed
+    from mtlflow.metrics.task import TaskSpec
 
 
 def check_run_consistent(run_dir: Path, require_completed: bool = True) -> None:
     """Refuse a run directory whose ``metrics.json`` or ``model.pt`` is not the result of the run
     ``run.json`` describes (an unfinished run, or files of two runs mixed by hand)."""
-    import torch
-
     run = atomic.read_json(run_dir / "run.json", "run description")
     if require_completed and run.get("status") != "completed":
         raise DataError(f"run {run_dir} did not complete (status {run.get('status')!r}); finish it with "
@@ -78,61 +81,108 @@ def run_label(run: Mapping[str, Any]) -> str:
 
 # -- writing a run directory (the trainer) and reading its model --------------------------------------
 
-def write_metrics(trainer: Trainer, final: dict[str, Any] | None = None) -> None:
-    """``metrics.json``: every epoch's metrics so far and, at the end, the selected final ones (rank 0 writes)."""
-    if not trainer.dist.is_main:  # every rank holds the same history; rank 0 writes it
+@dataclass(frozen=True)
+class RunRecord:
+    """What a run directory's files say of the run besides its progress; the trainer fills one when it is
+    built, and the writers here read it (never the trainer)."""
+
+    out_dir: Path
+    #: the process topology: rank 0 writes (``is_main``); ``run.json`` describes it; checkpoints load through it
+    dist: Distributed
+    config: RunConfig
+    benchmark: str
+    benchmark_config: dict[str, Any]
+    dataset: str
+    #: the benchmark's number of tasks (a run of one of several tasks is a single-task run)
+    benchmark_tasks: int
+    tasks: tuple[TaskSpec, ...]
+    data_hash: str
+    #: the budget fitted to the training rows (``mtlflow.engine.trainer.fit_budget``)
+    budget: dict[str, Any]
+
+    @property
+    def task_names(self) -> list[str]:
+        return [t.name for t in self.tasks]
+
+
+@dataclass
+class Checkpoint:
+    """The training state in ``checkpoint.pt``: everything a resumed run needs to continue bit for bit."""
+
+    epoch: int
+    global_step: int
+    model: dict[str, Any]
+    optimizer: dict[str, Any]
+    method: dict[str, Any]
+    #: each callback's state by its name
+    callbacks: dict[str, dict[str, Any]]
+    #: the last solved weights of an amortised Gramian-weighting method
+    reused_weights: torch.Tensor | None
+    #: the weights of the best validation epoch so far (select best-val), on the CPU
+    best_state: dict[str, torch.Tensor] | None
+    scheduler: dict[str, Any] | None
+    rng: dict[str, Any]
+    history: list[dict[str, Any]]
+
+
+def write_metrics(record: RunRecord, history: list[dict[str, Any]], outcome: dict[str, Any] | None = None,
+                  final: dict[str, Any] | None = None) -> None:
+    """``metrics.json``: every epoch's metrics so far and, at the end, how training ended (``outcome``) and
+    the selected final ones (rank 0 writes)."""
+    if not record.dist.is_main:  # every rank holds the same history; rank 0 writes it
         return
     payload = {
         "schema": 1,
-        "benchmark": trainer.bench.name,
-        "method": trainer.config.method,
-        "seed": trainer.config.seed,
-        "tasks": [t.name for t in trainer.tasks],
-        "primary_metrics": {t.name: t.primary for t in trainer.tasks},
-        "hv_reference": {t.name: t.hv_reference for t in trainer.tasks},
-        "metric_specs": {t.name: t.metric_specs() for t in trainer.tasks},
-        "data_hash": trainer.data.content_hash,
-        "selection": {"rule": trainer.config.selection,
-                      "split_used_for_selection": "val" if trainer.config.selection == "best-val" else None,
+        "benchmark": record.benchmark,
+        "method": record.config.method,
+        "seed": record.config.seed,
+        "tasks": record.task_names,
+        "primary_metrics": {t.name: t.primary for t in record.tasks},
+        "hv_reference": {t.name: t.hv_reference for t in record.tasks},
+        "metric_specs": {t.name: t.metric_specs() for t in record.tasks},
+        "data_hash": record.data_hash,
+        "selection": {"rule": record.config.selection,
+                      "split_used_for_selection": "val" if record.config.selection == "best-val" else None,
                       "note": "final = last epoch, mean of the last K epochs, or the epoch of the best validation "
                               "score (val_score); test never selects"},
-        "budget": trainer.budget,
-        "epochs": trainer.history,
+        "budget": record.budget,
+        "epochs": history,
     }
     if final is not None:
         payload["final"] = final
-    if trainer.outcome is not None:
-        payload["training"] = trainer.outcome
-    atomic.write_json(trainer.out_dir / "metrics.json", payload)
+    if outcome is not None:
+        payload["training"] = outcome
+    atomic.write_json(record.out_dir / "metrics.json", payload)
 
-def run_info(trainer: Trainer) -> dict[str, Any]:
-    """What ``run.json`` says of the run besides its status."""
+def run_info(record: RunRecord, outcome: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What ``run.json`` says of the run besides its status (``outcome``: how training ended, once it did)."""
     return {
-        "benchmark": trainer.bench.name,
-        "benchmark_config": trainer.bench.config,
-        "dataset": trainer.bench.label,
-        "data_hash": trainer.data.content_hash,
-        "kind": "single-task" if len(trainer.tasks) == 1 and len(trainer.bench.tasks) > 1 else "multi-task",
-        "tasks": [t.name for t in trainer.tasks],
-        "config": dataclasses.asdict(trainer.config),
-        "fingerprint": trainer.config.fingerprint(),
+        "benchmark": record.benchmark,
+        "benchmark_config": record.benchmark_config,
+        "dataset": record.dataset,
+        "data_hash": record.data_hash,
+        "kind": "single-task" if len(record.tasks) == 1 and record.benchmark_tasks > 1 else "multi-task",
+        "tasks": record.task_names,
+        "config": dataclasses.asdict(record.config),
+        "fingerprint": record.config.fingerprint(),
         "versions": {"mtlflow": mtlflow.__version__, "torch": torch.__version__,
                      "python": platform.python_version()},
-        "distributed": trainer.dist.describe(),
+        "distributed": record.dist.describe(),
         # the CPU threads of torch's kernels: reductions split differently with another count
         "threads": torch.get_num_threads(),
-        "budget": trainer.budget,
-        **({"training": trainer.outcome, "converged": trainer.outcome["converged"]} if trainer.outcome else {}),
+        "budget": record.budget,
+        **({"training": outcome, "converged": outcome["converged"]} if outcome else {}),
     }
 
-def write_run_json(trainer: Trainer, status: str, error: str | None = None) -> None:
-    if not trainer.dist.is_main:
+def write_run_json(record: RunRecord, status: str, outcome: dict[str, Any] | None = None,
+                   error: str | None = None) -> None:
+    if not record.dist.is_main:
         return
-    info = run_info(trainer)
+    info = run_info(record, outcome)
     info["status"] = status
     if error:
         info["error"] = error
-    path = trainer.out_dir / "run.json"
+    path = record.out_dir / "run.json"
     try:
         atomic.write_json(path, info)
     except StorageError:
@@ -140,71 +190,61 @@ def write_run_json(trainer: Trainer, status: str, error: str | None = None) -> N
             raise
         atomic.rewrite_json_in_place(path, info)  # a full disk must not leave the run saying "running"
 
-def save_checkpoint(trainer: Trainer, epoch: int) -> None:
-    """``checkpoint.pt``: everything a resumed run needs to continue bit for bit."""
-    if not trainer.dist.is_main:
+def save_checkpoint(record: RunRecord, checkpoint: Checkpoint) -> None:
+    """``checkpoint.pt``: the training state with what :func:`load_checkpoint` checks it against (rank 0 writes)."""
+    if not record.dist.is_main:
         return
     atomic.torch_save({
-        "epoch": epoch,
-        "world_size": trainer.dist.world_size,
-        "global_step": trainer.global_step,
-        "fingerprint": trainer.config.fingerprint(),
-        "data_hash": trainer.data.content_hash,
-        "model": trainer.model.state_dict(),
-        "optimizer": trainer.optimizer.state_dict(),
-        "method": trainer.method.state_dict(),
-        "callbacks": {cb.name: cb.state_dict() for cb in trainer.callbacks},
-        "reused_weights": trainer.reused_weights,
-        "best_state": trainer.best_state,
-        "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
-        "rng": capture_rng_state(),
-        "history": trainer.history,
-    }, trainer.out_dir / "checkpoint.pt")
+        "epoch": checkpoint.epoch,
+        "world_size": record.dist.world_size,
+        "global_step": checkpoint.global_step,
+        "fingerprint": record.config.fingerprint(),
+        "data_hash": record.data_hash,
+        "model": checkpoint.model,
+        "optimizer": checkpoint.optimizer,
+        "method": checkpoint.method,
+        "callbacks": checkpoint.callbacks,
+        "reused_weights": checkpoint.reused_weights,
+        "best_state": checkpoint.best_state,
+        "scheduler": checkpoint.scheduler,
+        "rng": checkpoint.rng,
+        "history": checkpoint.history,
+    }, record.out_dir / "checkpoint.pt")
 
-def load_checkpoint(trainer: Trainer) -> int:
-    """Restore the trainer from ``checkpoint.pt`` (same configuration and data required); returns its epoch."""
-    path = trainer.out_dir / "checkpoint.pt"
+def load_checkpoint(record: RunRecord, device: torch.device) -> Checkpoint:
+    """``checkpoint.pt`` onto ``device``, refused unless written by this configuration, data and topology."""
+    path = record.out_dir / "checkpoint.pt"
     try:
-        ckpt = trainer.dist.load(path, trainer.device)
+        ckpt = record.dist.load(path, device)
     except Exception as exc:
         raise DataError(f"checkpoint {path} is corrupt ({type(exc).__name__}); delete it to start over") from None
-    trainer.dist.check_checkpoint(ckpt, path)
-    if ckpt.get("fingerprint") != trainer.config.fingerprint():
+    record.dist.check_checkpoint(ckpt, path)
+    if ckpt.get("fingerprint") != record.config.fingerprint():
         raise InvalidParameterError(
             f"checkpoint {path} was written with a different configuration; use the same options "
             "to resume or another --out directory")
-    if ckpt.get("data_hash") != trainer.data.content_hash:
+    if ckpt.get("data_hash") != record.data_hash:
         raise DataError(f"checkpoint {path} was trained on other data (hash {ckpt.get('data_hash')}); "
                         "resume with the same prepared data")
-    trainer.model.load_state_dict(ckpt["model"])
-    trainer.optimizer.load_state_dict(ckpt["optimizer"])
-    trainer.method.load_state_dict(ckpt["method"])
-    for cb in trainer.callbacks:
-        cb.load_state_dict(ckpt.get("callbacks", {}).get(cb.name, {}))
-    trainer.reused_weights = ckpt.get("reused_weights")
-    trainer.best_state = ckpt.get("best_state")
-    if trainer.scheduler is not None and ckpt.get("scheduler") is not None:
-        trainer.scheduler.load_state_dict(ckpt["scheduler"])
-    restore_rng_state(ckpt["rng"])
-    trainer.history = list(ckpt["history"])
-    trainer.global_step = int(ckpt["global_step"])
-    return int(ckpt["epoch"])
+    # callbacks, reused weights, best state and scheduler: absent from the checkpoints of older versions
+    return Checkpoint(epoch=int(ckpt["epoch"]), global_step=int(ckpt["global_step"]), model=ckpt["model"],
+                      optimizer=ckpt["optimizer"], method=ckpt["method"], callbacks=ckpt.get("callbacks", {}),
+                      reused_weights=ckpt.get("reused_weights"), best_state=ckpt.get("best_state"),
+                      scheduler=ckpt.get("scheduler"), rng=ckpt["rng"], history=list(ckpt["history"]))
 
-def save_model(trainer: Trainer) -> None:
+def save_model(record: RunRecord, model: torch.nn.Module) -> None:
     """``model.pt``: the final weights with what rebuilds the model without data (rank 0 writes)."""
-    if not trainer.dist.is_main:
+    if not record.dist.is_main:
         return
-    atomic.torch_save({"state_dict": trainer.model.state_dict(), "benchmark": trainer.bench.name,
-                       "benchmark_config": trainer.bench.config, "tasks": [t.name for t in trainer.tasks],
-                       "method": trainer.config.method, "data_hash": trainer.data.content_hash,
-                       "architecture": architectures.architecture_spec(trainer.model)},
-                      trainer.out_dir / "model.pt")
+    atomic.torch_save({"state_dict": model.state_dict(), "benchmark": record.benchmark,
+                       "benchmark_config": record.benchmark_config, "tasks": record.task_names,
+                       "method": record.config.method, "data_hash": record.data_hash,
+                       "architecture": architectures.architecture_spec(model)},
+                      record.out_dir / "model.pt")
 
 
 def load_model(model_path: str | Path, device: str = "cpu"):
     """Rebuild the benchmark model of a ``model.pt`` (returns ``(bench, model, blob)``)."""
-    from mtlflow import benchmarks
-
     path = Path(model_path)
     if not path.is_file():
         raise DataError(f"model file not found: expected {path}; train a run first")

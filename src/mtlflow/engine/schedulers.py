@@ -12,12 +12,14 @@ state is checkpointed so a resumed run continues the schedule exactly.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
 from mtlflow.config.run import validate_scheduler
 from mtlflow.core.errors import InvalidParameterError
+from mtlflow.metrics.scoring import delta_m
 
 
 class EpochScheduler:
@@ -46,8 +48,6 @@ class EpochScheduler:
         if self.monitor == "val_loss":
             return float(sum(m["loss"] for m in val_metrics.values()))
         if self.monitor == "val_delta_m":
-            from mtlflow.metrics.scoring import delta_m
-
             return delta_m(val_metrics, self.references, self.specs)
         return None
 

@@ -15,11 +15,15 @@ Methods reach these rules through :class:`~mtlflow.core.callbacks.TrainerView` (
 ``optimizer_step``), which the trainer implements with this module; they never import the engine.
 Library mode (:mod:`mtlflow.engine.library`, the user's own loop and optimizer) applies the same scale,
 finite-update check, amortisation rule (:func:`reuses_weights`) and clipping.
+
+:class:`GradientMode` names what the engine computes for a step.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from enum import StrEnum
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -29,6 +33,27 @@ from mtlflow.core.errors import NonFiniteLossError
 if TYPE_CHECKING:
     from mtlflow.core.callbacks import StepState, TrainerView
     from mtlflow.methods.base import Method, StepContext
+
+
+class GradientMode(StrEnum):
+    """What the engine computes for a step: the trainer plans one mode per run (checked before training
+    starts); a single step's mode is ``REUSE`` on the amortised steps. A ``StrEnum``: a member is its
+    value in JSON (``bench.json``), tables and comparisons with the names these files hold."""
+
+    CUSTOM = "custom"                  # the method owns its step (``custom_step``)
+    LOSSES = "losses"                  # loss weighting: one backward pass of the objective
+    JACOBIAN = "jacobian"              # per-task gradients w.r.t. the shared parameters (a Jacobian backend)
+    GRAMIAN = "gramian"                # their Gramian only (autogram; Gramian-weighting methods)
+    REPRESENTATION = "representation"  # per-task gradients w.r.t. the shared features
+    REUSE = "reuse"                    # an amortised step: the last solved weights, no per-task gradient
+
+    @property
+    def computes_task_gradients(self) -> bool:
+        """A mode that computes per-task gradient information, which an amortised step skips."""
+        return self in _TASK_GRADIENT_MODES
+
+
+_TASK_GRADIENT_MODES = frozenset({GradientMode.JACOBIAN, GradientMode.GRAMIAN, GradientMode.REPRESENTATION})
 
 
 def update_scale(natural_scale: str, n_tasks: int, rescale: bool = True) -> float:

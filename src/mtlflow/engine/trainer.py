@@ -37,12 +37,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import resource
-import statistics
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -54,10 +53,13 @@ from mtlflow.benchmarks.base import Benchmark, BenchmarkData
 from mtlflow.config.run import RunConfig, autogram_needs_gramian
 from mtlflow.core.callbacks import Callback, StepState
 from mtlflow.core.errors import DataError, InvalidParameterError, NonFiniteLossError
-from mtlflow.core.seeding import epoch_generator, seed_everything
+from mtlflow.core.numerics import blas_on_one_thread
+from mtlflow.core.seeding import capture_rng_state, epoch_generator, restore_rng_state, seed_everything
 from mtlflow.engine import distributed, rundir
 from mtlflow.engine import step as step_rules
 from mtlflow.engine.schedulers import build_scheduler
+from mtlflow.engine.step import GradientMode
+from mtlflow.engine.telemetry import EpochTelemetry, cosines_to_mean, jacobian_cosines_to_mean
 from mtlflow.grad_engine import (
     AutogramGramian,
     ForwardPass,
@@ -70,60 +72,20 @@ from mtlflow.grad_engine import (
     task_jacobian,
     write_flat_grad,
 )
-from mtlflow.methods._numerics import blas_on_one_thread
 from mtlflow.methods.base import GradientMethod, GradInput, GramianWeighting, Method, StepContext, needs_full_jacobian
 from mtlflow.metrics.evaluation import evaluate_model
-from mtlflow.metrics.selection import BEST_VAL, best_epoch_index, select_final, validation_score
+from mtlflow.metrics.selection import BEST_VAL, best_epoch_index, select_final, val_split_too_small, validation_score
 from mtlflow.models import architectures
 
 EVAL_SPLITS = ("val", "test")
 
 
-def _reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return
-    try:  # Linux: writing 5 to clear_refs resets the peak resident set size (VmHWM)
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-    except OSError:
-        pass
-
-
-def _peak_memory_bytes(device: torch.device) -> int:
-    """Peak memory since the last reset: CUDA allocator peak, or the process's peak RSS on the CPU."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
-
-
-def _cosines_to_mean(gram: Tensor) -> Tensor:
-    """Cosine of every task gradient to the mean gradient, from the Gramian of the task gradients."""
-    norms = gram.diagonal().clamp_min(0).sqrt()
-    mean_dot = gram.mean(dim=1)
-    mean_norm = gram.mean().clamp_min(0).sqrt()
-    return mean_dot / (norms * mean_norm).clamp_min(1e-30)
-
-
-def _jacobian_cosines_to_mean(grads: Tensor) -> Tensor:
-    """Cosine of every row of ``grads [K, P]`` to their mean, in O(KP) (no K x K Gramian)."""
-    mean = grads.mean(dim=0)
-    return (grads @ mean) / (grads.norm(dim=1) * mean.norm()).clamp_min(1e-30)
-
-
 @dataclass
 class _StepWork:
     """What the gradient engine computed for one step (see :meth:`Trainer._plan_gradients`); ``mode`` is
-    ``reuse`` on the amortised steps of a method with ``update_weights_every`` > 1."""
+    ``REUSE`` on the amortised steps of a method with ``update_weights_every`` > 1."""
 
-    mode: str
+    mode: GradientMode
     forward: ForwardPass
     jacobian: Tensor | None = None        # [K, P] w.r.t. the shared parameters
     gramian: Tensor | None = None         # [K, K] w.r.t. the shared parameters (autogram)
@@ -138,8 +100,12 @@ class Trainer:
     """Train one method on one prepared benchmark into one run directory."""
 
     def __init__(self, bench: Benchmark, data: BenchmarkData, config: RunConfig, out_dir: str | Path,
-                 progress: bool = True, callbacks: Sequence[Callback] = ()):
+                 progress: bool = True, callbacks: Sequence[Callback] = (), eval_splits: Sequence[str] = EVAL_SPLITS):
         self.bench, self.data, self.config = bench, data, config
+        #: the splits evaluated after every epoch: val (it selects) and test; a tuning trial evaluates val only
+        self.eval_splits = tuple(eval_splits)
+        if "val" not in self.eval_splits:
+            raise InvalidParameterError(f"eval_splits {self.eval_splits} lacks 'val', which selects the epoch")
         self.out_dir = Path(out_dir)
         self.progress = progress
         self.tasks = bench.select_tasks(config.tasks)
@@ -147,7 +113,7 @@ class Trainer:
         self.device = config.resolved_device()
         #: torchrun/DDP topology (a no-op in one process): see mtlflow.engine.distributed
         self.dist = distributed.from_env(self.device)
-        for split in ("train", *EVAL_SPLITS):
+        for split in ("train", *self.eval_splits):
             if split not in data.splits:
                 raise DataError(f"prepared data lacks the {split!r} split; re-run `mtlflow prepare`")
         if config.threads is not None:  # before anything runs: the thread count changes float reductions
@@ -181,8 +147,9 @@ class Trainer:
         self.global_step = 0
         self.gradient_mode, self.grad_backend = self._plan_gradients()
         self.dist.check_supported(self)
-        self._jacobian_backend = jacobian_backend(self.grad_backend) if self.gradient_mode == "jacobian" else None
-        self._autogram = AutogramGramian(self.model.trunk) if self.gradient_mode == "gramian" else None
+        self._jacobian_backend = (jacobian_backend(self.grad_backend) if self.gradient_mode is GradientMode.JACOBIAN
+                                  else None)
+        self._autogram = AutogramGramian(self.model.trunk) if self.gradient_mode is GradientMode.GRAMIAN else None
         #: N of the method's ``update_weights_every`` (Gramian-weighting methods only)
         self.update_weights_every = (self.method.update_weights_every()
                                      if isinstance(self.method, GramianWeighting) else 1)
@@ -192,33 +159,38 @@ class Trainer:
         self.best_state: dict[str, Tensor] | None = None
         #: how training ended (epochs run, best epoch, early stop, convergence), set by :meth:`fit`
         self.outcome: dict[str, Any] | None = None
+        #: what the run directory's files record of this run (:mod:`mtlflow.engine.rundir` reads no trainer)
+        self._run_record = rundir.RunRecord(
+            out_dir=self.out_dir, dist=self.dist, config=config, benchmark=bench.name,
+            benchmark_config=bench.config, dataset=bench.label, benchmark_tasks=len(bench.tasks),
+            tasks=tuple(self.tasks), data_hash=data.content_hash, budget=self.budget)
 
-    def _plan_gradients(self) -> tuple[str, str | None]:
+    def _plan_gradients(self) -> tuple[GradientMode, str | None]:
         """(mode, backend): what the engine computes each step, checked before training starts.
 
-        Modes: ``custom`` (the method owns the step), ``losses`` (loss weighting: one backward of the
-        objective), ``jacobian`` (per-task gradients w.r.t. the shared parameters from a Jacobian
-        backend), ``gramian`` (the Gramian only, with autogram; Gramian-weighting methods) and
-        ``representation`` (per-task gradients w.r.t. the shared features). ``grad_backend`` applies
-        to gradients w.r.t. the shared parameters only; the other modes ignore it.
+        Modes (:class:`~mtlflow.engine.step.GradientMode`): ``CUSTOM`` (the method owns the step), ``LOSSES``
+        (loss weighting: one backward of the objective), ``JACOBIAN`` (per-task gradients w.r.t. the shared
+        parameters from a Jacobian backend), ``GRAMIAN`` (the Gramian only, with autogram; Gramian-weighting
+        methods) and ``REPRESENTATION`` (per-task gradients w.r.t. the shared features). ``grad_backend``
+        applies to gradients w.r.t. the shared parameters only; the other modes ignore it.
         """
         method, cfg = self.method, self.config
         backend = resolve_backend(cfg.grad_backend)
         jacobian_callbacks = [cb.name for cb in self.callbacks if cb.needs_jacobian]
         if method.custom_step:
-            return "custom", None
+            return GradientMode.CUSTOM, None
         if not isinstance(method, GradientMethod):
-            return "losses", None
+            return GradientMode.LOSSES, None
         if method.requires is GradInput.REPRESENTATION or cfg.grad_wrt == "representation":
             if needs_full_jacobian(type(method)):  # RunConfig.validate rejects this combination too
                 raise InvalidParameterError(f"grad_wrt 'representation' does not apply to {method.name!r}")
-            mode = "representation"
+            mode = GradientMode.REPRESENTATION
         elif backend == "autogram":
             if needs_full_jacobian(type(method)):
                 raise InvalidParameterError(autogram_needs_gramian(method.name))
             if not isinstance(getattr(self.model, "trunk", None), torch.nn.Module):
                 raise InvalidParameterError("grad_backend 'autogram' needs a model with a `trunk` module; use loop")
-            mode = "gramian"
+            mode = GradientMode.GRAMIAN
         else:
             if backend == "autojac" and any(self.model.trunk_task_parameters(i) for i in range(len(self.tasks))):
                 # TorchJD's mtl_backward assumes every path from the shared parameters to a loss runs through the
@@ -228,13 +200,13 @@ class Trainer:
                     f"grad_backend 'autojac' needs every trunk parameter shared; {self.bench.name}'s model has "
                     "task-specific parameters inside its trunk (attention masks); use --grad-backend loop, batched "
                     "or func")
-            return "jacobian", backend
+            return GradientMode.JACOBIAN, backend
         if jacobian_callbacks:
             raise InvalidParameterError(
                 f"callback(s) {', '.join(jacobian_callbacks)} need per-task gradients w.r.t. the shared parameters, "
                 f"which the {mode} mode of {method.name!r} does not compute; use grad_wrt=parameters and a "
                 "Jacobian backend (loop, batched, func, autojac)")
-        return mode, "autogram" if mode == "gramian" else None
+        return mode, "autogram" if mode is GradientMode.GRAMIAN else None
 
     # -- setup ---------------------------------------------------------------------------------
     def _build_optimizer(self) -> torch.optim.Optimizer:
@@ -268,7 +240,7 @@ class Trainer:
 
     def task_losses(self, preds: Sequence[Tensor], targets: Sequence[Tensor]) -> list[Tensor]:
         """Each trained task's loss of its prediction."""
-        return [task.loss(pred, target) for task, pred, target in zip(self.tasks, preds, targets)]
+        return [task.loss(pred, target) for task, pred, target in zip(self.tasks, preds, targets, strict=True)]
 
     def forward_pass(self, batch: Any) -> ForwardPass:
         """Shared features z, then the heads and the K task losses (``model(x)`` split at z)."""
@@ -298,16 +270,12 @@ class Trainer:
         return StepProblem(self.model, self.shared, self.task_params, lambda: self.forward_pass(batch),
                            functional_losses)
 
-    def _losses(self, batch: Any) -> tuple[Tensor, list[Tensor]]:
-        forward = self.forward_pass(batch)
-        return forward.stacked, forward.losses
-
     def _check_finite(self, losses: Tensor, epoch: int) -> None:
         # the float64 sum of K losses is finite exactly when every loss is (K finite float32/bf16 values
         # cannot overflow float64; float64 losses near its limit are reported as such): one reduction and
         # one read, where isfinite().all() runs four kernels
         if not math.isfinite(float(losses.detach().sum(dtype=torch.float64))):
-            bad = ([f"{t.name}={float(v)}" for t, v in zip(self.tasks, losses.detach()) if not math.isfinite(float(v))]
+            bad = ([f"{t.name}={float(v)}" for t, v in zip(self.tasks, losses.detach(), strict=True) if not math.isfinite(float(v))]
                    or ["their float64 sum overflows"])
             raise NonFiniteLossError(
                 f"non-finite loss ({', '.join(bad)}) at epoch {epoch}, step {self.global_step}; "
@@ -315,7 +283,8 @@ class Trainer:
 
     def forward_losses(self, batch: Any) -> tuple[Tensor, list[Tensor]]:
         """Per-task losses of ``batch`` as a stacked tensor and as the list of separate graph nodes."""
-        return self._losses(batch)
+        forward = self.forward_pass(batch)
+        return forward.stacked, forward.losses
 
     def train_step(self, batch: Any, epoch: int) -> dict[str, Any]:
         """One optimisation step on ``batch``; returns step telemetry (at least ``losses``)."""
@@ -345,7 +314,7 @@ class Trainer:
 
         def recompute() -> Tensor:
             with torch.no_grad():
-                return self.dist.mean_losses(self._losses(batch)[0])
+                return self.dist.mean_losses(self.forward_losses(batch)[0])
 
         # extra: the shared features of this forward pass (LDC-MTL's router) and the batch (its double loop)
         ctx = StepContext(step=self.global_step, epoch=epoch, losses=detached, recompute_losses=recompute,
@@ -360,9 +329,9 @@ class Trainer:
             info["solver_seconds"] = solver_seconds
         if len(self.tasks) > 1:
             if work.gramian is not None:
-                info["cosines"] = _cosines_to_mean(work.gramian)
+                info["cosines"] = cosines_to_mean(work.gramian)
             elif work.jacobian is not None:
-                info["cosines"] = _jacobian_cosines_to_mean(work.jacobian)
+                info["cosines"] = jacobian_cosines_to_mean(work.jacobian)
         self.optimizer_step(state, ctx)
         self.global_step += 1
         if self.method.last_weights is not None:
@@ -382,26 +351,26 @@ class Trainer:
         """An amortised step: the method's ``update_weights_every`` N > 1 and this step is not a multiple of N."""
         return step_rules.reuses_weights(self.update_weights_every, self.global_step, self.reused_weights is not None)
 
-    def _per_task_gradients(self, batch: Any, epoch: int) -> "_StepWork":
+    def _per_task_gradients(self, batch: Any, epoch: int) -> _StepWork:
         """Forward pass and exactly the per-task gradient information this step's mode needs."""
         mode = self.gradient_mode
-        if mode in ("jacobian", "gramian", "representation") and self._reuses_weights():
-            mode = "reuse"
-        if mode == "jacobian" and self._jacobian_backend.runs_forward:
+        if mode.computes_task_gradients and self._reuses_weights():
+            mode = GradientMode.REUSE
+        if mode is GradientMode.JACOBIAN and self._jacobian_backend.runs_forward:
             forward, grads = self._jacobian_backend.jacobian(self.step_problem(batch))
             self._check_finite(forward.stacked, epoch)
             return _StepWork(mode, forward, jacobian=grads)
-        if mode == "gramian":
+        if mode is GradientMode.GRAMIAN:
             with self._autogram.hooked(self.model):
                 forward = self.forward_pass(batch)
             self._check_finite(forward.stacked, epoch)
             return _StepWork(mode, forward, gramian=self._autogram.gramian(forward.stacked))
         forward = self.forward_pass(batch)
         self._check_finite(forward.stacked, epoch)
-        if mode == "jacobian":
+        if mode is GradientMode.JACOBIAN:
             grads = self._jacobian_backend.differentiate(forward, self.shared, self.task_params, retain_graph=False)
             return _StepWork(mode, forward, jacobian=grads)
-        if mode == "representation":
+        if mode is GradientMode.REPRESENTATION:
             if not isinstance(forward.features, Tensor):
                 raise InvalidParameterError(f"{self.bench.name}'s shared features are not one tensor; "
                                             "use grad_wrt=parameters and a method that does not need them")
@@ -412,22 +381,22 @@ class Trainer:
         grads = task_jacobian(forward.losses, self.shared, retain_graph=True) if needed else None
         return _StepWork(mode, forward, jacobian=grads)
 
-    def _apply_update(self, work: "_StepWork", state: StepState, stacked: Tensor) -> float | None:
+    def _apply_update(self, work: _StepWork, state: StepState, stacked: Tensor) -> float | None:
         """Write the method's update into ``.grad`` (heads: plain gradients); returns the solver time.
         ``stacked``: ``work.losses``, stacked once by the caller."""
         method = self.method
         scale = self.update_scale(method.natural_scale)
         losses = stacked.detach()
-        if work.mode == "losses":
+        if work.mode is GradientMode.LOSSES:
             objective = method.objective(stacked)
             (objective * scale if scale != 1.0 else objective).backward()
             return None
-        if work.mode == "reuse":
+        if work.mode is GradientMode.REUSE:
             method.last_weights = self.reused_weights  # what this step applies (also after a resume)
             backward_heads(work.forward.losses, self.task_params)
             backward_shared_weighted(work.forward.losses, self.reused_weights * scale, self.shared)
             return None
-        if work.mode == "gramian":
+        if work.mode is GradientMode.GRAMIAN:
             # heads first: a method may rescale its heads' gradients inside the solver (IMTL, DB-MTL)
             backward_heads(work.forward.losses, self.task_params)
             started = time.perf_counter()
@@ -437,8 +406,8 @@ class Trainer:
             backward_shared_weighted(work.forward.losses, weights * scale, self.shared)
             return solver_seconds
         started = time.perf_counter()
-        with blas_on_one_thread():  # every method's K x K solves (mtlflow.methods._numerics.one_blas_thread)
-            if work.mode == "jacobian":
+        with blas_on_one_thread():  # every method's K x K solves (mtlflow.core.numerics.one_blas_thread)
+            if work.mode is GradientMode.JACOBIAN:
                 direction = method.combine(work.jacobian, losses)
                 self._remember_weights()
             elif isinstance(method, GramianWeighting):  # representation mode
@@ -450,7 +419,7 @@ class Trainer:
         step_rules.check_finite_update(method.name, direction, self.global_step)
         if scale != 1.0:
             direction = direction * scale
-        if work.mode == "jacobian":
+        if work.mode is GradientMode.JACOBIAN:
             write_flat_grad(self.shared, direction)
             state.direction = direction
         else:
@@ -477,10 +446,10 @@ class Trainer:
     def fit(self, resume: bool = False) -> dict[str, Any]:
         start_epoch = 1
         if resume and self.dist.from_rank0((self.out_dir / "checkpoint.pt").is_file):
-            start_epoch = rundir.load_checkpoint(self) + 1
+            start_epoch = self._restore(rundir.load_checkpoint(self._run_record, self.device)) + 1
         self.dist.sync_parameters(self.model, "the start of training")
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        rundir.write_run_json(self, "running")
+        rundir.write_run_json(self._run_record, "running", self.outcome)
         for cb in self.callbacks:
             cb.on_train_start(self)
         bar = self._progress_bar(start_epoch)
@@ -493,14 +462,14 @@ class Trainer:
         except BaseException as exc:
             # Ctrl-C and SIGTERM (mtlflow.core.errors.Terminated) stop a healthy run that --resume continues
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-            rundir.write_run_json(self, status, error=f"{type(exc).__name__}: {exc}")
+            rundir.write_run_json(self._run_record, status, self.outcome, error=f"{type(exc).__name__}: {exc}")
             for cb in self.callbacks:
                 cb.on_train_failed(self, exc)
             raise
         finally:
             if bar is not None:
                 bar.close()
-        rundir.write_run_json(self, "completed")
+        rundir.write_run_json(self._run_record, "completed", self.outcome)
         for cb in self.callbacks:
             cb.on_train_end(self, result)
         return result
@@ -528,93 +497,91 @@ class Trainer:
                     desc=f"{self.bench.name}/{self.config.method}", dynamic_ncols=True, mininterval=1.0)
 
     def _run_epoch(self, epoch: int, bar) -> None:
-        started = time.perf_counter()
-        step_times: list[float] = []
-        solver_times: list[float] = []
-        engine_times: list[float] = []
-        # The epoch's sums stay on the training device in float64 and are read once, at the epoch's end: a
-        # per-step copy to the host would wait for the GPU on every step.
-        k = len(self.tasks)
-        loss_sums = torch.zeros(k, dtype=torch.float64, device=self.device)
-        weight_sums: Tensor | None = None
-        cos_sum = torch.zeros(k, dtype=torch.float64, device=self.device)
-        conflict_count = torch.zeros((), dtype=torch.int64, device=self.device)
-        cos_steps = 0
-        _reset_peak_memory(self.device)
+        """Train one epoch, evaluate it, record it, then write ``metrics.json`` and the checkpoint."""
+        telemetry = EpochTelemetry(len(self.tasks), self.device)
         for cb in self.callbacks:
             cb.on_epoch_start(self, epoch)
-        limit = self.steps_per_epoch()
-        n_steps = 0
-        postfix_at = 0.0
-        for batch in self._loader(epoch):
-            if n_steps >= limit:
-                break
-            t0 = time.perf_counter()
-            info = self.train_step(batch, epoch)
-            step_times.append(time.perf_counter() - t0)
-            n_steps += 1
-            # a method's own step (custom_step) may report its losses on another device than the model's
-            loss_sums.add_(info["losses"].detach().to(self.device))
-            if "solver_seconds" in info:
-                solver_times.append(info["solver_seconds"])
-            if "engine_seconds" in info:
-                engine_times.append(info["engine_seconds"])
-            if "weights" in info:
-                weights = info["weights"].detach().to(self.device)
-                weight_sums = weights.to(torch.float64, copy=True) if weight_sums is None else weight_sums.add_(weights)
-            if "cosines" in info:
-                cos = info["cosines"].detach().to(self.device)
-                cos_sum.add_(cos)
-                conflict_count.add_((cos < 0).any())
-                cos_steps += 1
-            if bar is not None:
-                bar.update(1)
-                if t0 - postfix_at >= 1.0:  # the shown loss is read from the device once a second at most
-                    postfix_at = t0
-                    bar.set_postfix(epoch=epoch, loss=f"{float(info['losses'].sum()):.4f}", refresh=False)
-        train_seconds = time.perf_counter() - started
+        self._train_steps(epoch, telemetry, bar)
+        telemetry.end_training()
         self.dist.sync_parameters(self.model, f"the end of epoch {epoch}")
-        splits = self.dist.from_rank0(lambda: {
-            split: evaluate_model(self.model, self.bench, self.data.splits[split], self.tasks, self.task_index,
-                                  self.config.eval_batch_size, self.device) for split in EVAL_SPLITS})
-        check_finite_evaluation(splits, f"after epoch {epoch}")
-        first_val = self.history[0]["splits"]["val"] if self.history else splits["val"]
-        record: dict[str, Any] = {
-            "epoch": epoch,
-            "splits": splits,
-            "val_score": validation_score(splits["val"], first_val, {t.name: t.primary for t in self.tasks},
-                                          self._metric_specs()),
-            "train_loss": {t.name: float(v) for t, v in zip(self.tasks, loss_sums.cpu() / max(n_steps, 1))},
-            "steps": n_steps,
-            "train_seconds": train_seconds,
-            "epoch_seconds": time.perf_counter() - started,
-            "step_seconds_median": statistics.median(step_times) if step_times else 0.0,
-            "samples_per_second": (n_steps * self.config.batch_size * self.dist.world_size) / max(train_seconds, 1e-9),
-            "peak_memory_bytes": _peak_memory_bytes(self.device),
-            "lr": self.optimizer.param_groups[0]["lr"],
-        }
-        if self.scheduler is not None:
-            record["scheduler_monitor"] = self.scheduler.step(splits["val"])
-        if solver_times:  # median over the steps that solved; per_step amortises over all steps
-            record["solver_seconds_median"] = statistics.median(solver_times)
-            record["solver_seconds_per_step"] = sum(solver_times) / n_steps
-            record["weight_solves"] = len(solver_times)
-        if engine_times:
-            record["engine_seconds_median"] = statistics.median(engine_times)
-        if weight_sums is not None:
-            record["method_weights_mean"] = {t.name: float(v) for t, v in zip(self.tasks, weight_sums.cpu() / n_steps)}
-        if cos_steps:
-            record["conflict_ratio"] = int(conflict_count) / cos_steps
-            record["cosine_to_mean"] = {t.name: float(v) for t, v in zip(self.tasks, cos_sum.cpu() / cos_steps)}
+        record = self._epoch_record(epoch, self._evaluate(epoch), telemetry)
         self.method.on_epoch_end(epoch)
         for cb in self.callbacks:
             cb.on_epoch_end(self, record)
         self.history.append(record)
         if self.config.selection == BEST_VAL and best_epoch_index(self.history) == len(self.history) - 1:
             self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-        rundir.write_metrics(self)
-        rundir.save_checkpoint(self, epoch)
+        rundir.write_metrics(self._run_record, self.history, self.outcome)
+        rundir.save_checkpoint(self._run_record, self._checkpoint(epoch))
         self.dist.barrier()
+
+    def _train_steps(self, epoch: int, telemetry: EpochTelemetry, bar) -> None:
+        """The epoch's optimizer steps (``steps_per_epoch``), each recorded in ``telemetry`` and on the bar."""
+        limit = self.steps_per_epoch()
+        postfix_at = 0.0
+        for batch in self._loader(epoch):
+            if telemetry.steps >= limit:
+                break
+            t0 = time.perf_counter()
+            info = self.train_step(batch, epoch)
+            telemetry.add_step(info, time.perf_counter() - t0)
+            if bar is not None:
+                bar.update(1)
+                if t0 - postfix_at >= 1.0:  # the shown loss is read from the device once a second at most
+                    postfix_at = t0
+                    bar.set_postfix(epoch=epoch, loss=f"{float(info['losses'].sum()):.4f}", refresh=False)
+
+    def _evaluate(self, epoch: int) -> dict[str, dict[str, dict[str, float]]]:
+        """Metrics of every evaluation split and task (rank 0 evaluates; a diverged model fails the run)."""
+        splits = self.dist.from_rank0(lambda: {
+            split: evaluate_model(self.model, self.bench, self.data.splits[split], self.tasks, self.task_index,
+                                  self.config.eval_batch_size, self.device) for split in self.eval_splits})
+        check_finite_evaluation(splits, f"after epoch {epoch}")
+        return splits
+
+    def _epoch_record(self, epoch: int, splits: dict[str, Any], telemetry: EpochTelemetry) -> dict[str, Any]:
+        """The epoch's entry of ``metrics.json``; steps the scheduler on the validation metrics."""
+        names = [t.name for t in self.tasks]
+        first_val = self.history[0]["splits"]["val"] if self.history else splits["val"]
+        record: dict[str, Any] = {
+            "epoch": epoch,
+            "splits": splits,
+            "val_score": validation_score(splits["val"], first_val, {t.name: t.primary for t in self.tasks},
+                                          self._metric_specs()),
+            **telemetry.timing(names, self.config.batch_size * self.dist.world_size),
+            "lr": self.optimizer.param_groups[0]["lr"],
+        }
+        if self.scheduler is not None:
+            record["scheduler_monitor"] = self.scheduler.step(splits["val"])
+        record.update(telemetry.step_statistics(names))
+        return record
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def _checkpoint(self, epoch: int) -> rundir.Checkpoint:
+        """The training state after ``epoch`` (:func:`mtlflow.engine.rundir.save_checkpoint` writes it)."""
+        return rundir.Checkpoint(
+            epoch=epoch, global_step=self.global_step, model=self.model.state_dict(),
+            optimizer=self.optimizer.state_dict(), method=self.method.state_dict(),
+            callbacks={cb.name: cb.state_dict() for cb in self.callbacks}, reused_weights=self.reused_weights,
+            best_state=self.best_state,
+            scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
+            rng=capture_rng_state(), history=self.history)
+
+    def _restore(self, ckpt: rundir.Checkpoint) -> int:
+        """Continue from a checkpoint's training state; returns its epoch."""
+        self.model.load_state_dict(ckpt.model)
+        self.optimizer.load_state_dict(ckpt.optimizer)
+        self.method.load_state_dict(ckpt.method)
+        for cb in self.callbacks:
+            cb.load_state_dict(ckpt.callbacks.get(cb.name, {}))
+        self.reused_weights = ckpt.reused_weights
+        self.best_state = ckpt.best_state
+        if self.scheduler is not None and ckpt.scheduler is not None:
+            self.scheduler.load_state_dict(ckpt.scheduler)
+        restore_rng_state(ckpt.rng)
+        self.history = ckpt.history
+        self.global_step = ckpt.global_step
+        return ckpt.epoch
 
     # -- outputs -------------------------------------------------------------------------------
     def _metric_specs(self) -> dict[str, dict[str, dict[str, bool]]]:
@@ -624,9 +591,9 @@ class Trainer:
         final = select_final(self.history, self.config.selection)
         if self.config.selection == BEST_VAL:  # the model is the selected epoch's, like its metrics
             self.model.load_state_dict(self.best_state)
-        self.outcome = training_outcome(self.history, self.config, self.global_step)
-        rundir.write_metrics(self, final)
-        rundir.save_model(self)
+        self.outcome = training_outcome(self.history, self.config, self.global_step, len(self.data.splits["val"]))
+        rundir.write_metrics(self._run_record, self.history, self.outcome, final)
+        rundir.save_model(self._run_record, self.model)
         return {"final": final, "epochs": len(self.history), "training": self.outcome}
 
 
@@ -649,21 +616,24 @@ def fit_budget(config: RunConfig, train_rows: int, world_size: int = 1) -> dict[
             "patience": config.patience}
 
 
-def training_outcome(history: Sequence[dict[str, Any]], config: RunConfig, steps: int) -> dict[str, Any]:
+def training_outcome(history: Sequence[dict[str, Any]], config: RunConfig, steps: int,
+                     val_rows: int | None = None) -> dict[str, Any]:
     """How a run ended and whether it converged. A run converged when its validation score stopped improving:
     it stopped early (``patience`` epochs without a better score), or its best epoch is not among its last
     ``patience`` epochs (the last epoch alone without early stopping). Otherwise the score was still improving
-    when the budget ran out: "not converged: train longer"."""
+    when the budget ran out: "not converged: train longer". A validation split of ``val_rows`` rows too small to
+    rank epochs (:func:`~mtlflow.metrics.selection.val_split_too_small`) never calls a run converged."""
     best = best_epoch_index(history)
     window = config.patience or 1
     since_best = len(history) - 1 - best
     stopped_early = config.patience is not None and since_best >= config.patience and len(history) < config.epochs
-    converged = since_best >= window
+    too_small = val_split_too_small(val_rows)
+    stopped_improving = since_best >= window
+    convergence = (too_small or "converged") if stopped_improving else "; ".join(filter(None, [
+        f"{NOT_CONVERGED} (the validation score improved within the last {window} epoch(s))", too_small]))
     return {"epochs_run": len(history), "optimizer_steps": steps, "best_epoch": history[best]["epoch"],
             "best_val_score": history[best]["val_score"], "stopped_early": stopped_early,
-            "converged": converged,
-            "convergence": "converged" if converged else
-            f"{NOT_CONVERGED} (the validation score improved within the last {window} epoch(s))"}
+            "converged": stopped_improving and not too_small, "val_rows": val_rows, "convergence": convergence}
 
 
 def check_finite_evaluation(splits: Mapping[str, Mapping[str, Mapping[str, float]]], when: str) -> None:
@@ -676,6 +646,3 @@ def check_finite_evaluation(splits: Mapping[str, Mapping[str, Mapping[str, float
         raise NonFiniteLossError(f"non-finite evaluation {when} ({', '.join(bad[:4])}{', ...' if len(bad) > 4 else ''}"
                                  "): the model diverged; lower --lr, set --clip-grad-norm, or check the data")
 
-
-def resolve_task_names(bench: Benchmark, tasks: Sequence[str] | None) -> list[str]:
-    return [t.name for t in bench.select_tasks(tasks)]

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -99,7 +100,7 @@ def plot(cells: dict[tuple[str, str, int], list[dict[str, Any]]], problems: Sequ
         color = colors.setdefault(n, f"C{len(colors)}")
         ax.plot(steps, means, color=color, linestyle="-" if method == "asmg" else "--",
                 label=f"{method.upper()} N={n}")
-    for ax, problem in zip(axes[0], problems):
+    for ax, problem in zip(axes[0], problems, strict=True):
         ax.axhline(target, color="gray", linestyle=":", linewidth=1)
         ax.set_yscale("log")
         ax.set_title(f"{problem} ({PROBLEMS[problem].equation})")

@@ -29,18 +29,24 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
+from mtlflow import jobs
 from mtlflow import methods as method_registry
 from mtlflow.benchmarks.base import Benchmark, BenchmarkData, MultiTaskTensorDataset
+from mtlflow.config.run import RunConfig
 from mtlflow.core import atomic
 from mtlflow.core.errors import InvalidParameterError
+from mtlflow.engine.step import GradientMode
+from mtlflow.engine.telemetry import peak_memory_bytes, reset_peak_memory
+from mtlflow.engine.trainer import Trainer
 from mtlflow.grad_engine import (
     JACOBIAN_BACKENDS,
     AutogramGramian,
@@ -50,10 +56,12 @@ from mtlflow.grad_engine import (
     resolve_backend,
 )
 from mtlflow.jobs import resolved_hparams
+from mtlflow.jobs.cache import cached_data_dir
 from mtlflow.methods.base import GramianWeighting
 from mtlflow.metrics.task import TaskSpec
 from mtlflow.models.base import MultiTaskModel
 from mtlflow.models.celeba_cnn import CelebACNN
+from mtlflow.teleport import validate
 
 SYNTHETIC = "synthetic-celeba"
 ENGINE_ROWS = ("single", "plain-loop", *JACOBIAN_BACKENDS, "autogram", "representation")
@@ -96,8 +104,6 @@ class SyntheticCelebA(Benchmark):
 
 
 def _batch_of(dataset: Dataset, batch_size: int) -> Any:
-    from torch.utils.data import DataLoader
-
     return next(iter(DataLoader(dataset, batch_size=batch_size, shuffle=False)))
 
 
@@ -106,8 +112,6 @@ def _setting(benchmark: str, k: int | None, width: int, image_size: int, batch_s
     if benchmark == SYNTHETIC:
         bench = SyntheticCelebA(k, width, image_size)
         return bench, bench.data(batch_size)
-    from mtlflow import jobs
-    from mtlflow.jobs.cache import cached_data_dir
 
     return jobs.load_prepared(cached_data_dir(benchmark, {}))
 
@@ -133,9 +137,6 @@ def _trainer(bench: Benchmark, data: BenchmarkData, method: str, device: str, gr
              batch_size: int = 32, seed: int = 0, grad_backend: str = "auto",
              hparams: Mapping[str, Any] | None = None, teleport_options: Mapping[str, Any] | None = None):
     """A real trainer for timing its steps (no run directory is written); ``teleport_options`` adds COST."""
-    from mtlflow.config.run import RunConfig
-    from mtlflow.engine.trainer import Trainer
-
     extra = {} if teleport_options is None else {"teleport": "cost", "teleport_options": dict(teleport_options)}
     config = RunConfig(method=method, batch_size=batch_size, device=device, seed=seed, grad_wrt=grad_wrt,
                          grad_backend=grad_backend, hparams=resolved_hparams(bench, method, hparams), **extra)
@@ -145,8 +146,6 @@ def _trainer(bench: Benchmark, data: BenchmarkData, method: str, device: str, gr
 def measure_method(bench: Benchmark, data: BenchmarkData, batch: Any, method: str, steps: int, warmup: int,
                    device: str, grad_wrt: str = "parameters", hparams: dict[str, Any] | None = None) -> dict[str, Any]:
     """Median step time, engine and solver time, peak memory of ``method`` (real trainer steps)."""
-    from mtlflow.engine.trainer import _peak_memory_bytes, _reset_peak_memory
-
     trainer = _trainer(bench, data, method, device, grad_wrt, batch_size=len(batch[0]), hparams=hparams)
     sync = _sync_for(trainer.device)
     infos: list[dict[str, Any]] = []
@@ -154,7 +153,7 @@ def measure_method(bench: Benchmark, data: BenchmarkData, batch: Any, method: st
     def step() -> None:
         infos.append(trainer.train_step(batch, epoch=1))
 
-    _reset_peak_memory(trainer.device)
+    reset_peak_memory(trainer.device)
     times = _time(step, steps, warmup, sync)
     timed = infos[warmup:]
     solver = [i.get("solver_seconds", 0.0) for i in timed]
@@ -166,7 +165,7 @@ def measure_method(bench: Benchmark, data: BenchmarkData, batch: Any, method: st
         "engine_seconds_median": statistics.median(engine) if engine else None,
         "solver_seconds_per_step": sum(solver) / len(solver),
         "solver_seconds_median": statistics.median(s for s in solver if s) if any(solver) else 0.0,
-        "peak_memory_bytes": _peak_memory_bytes(trainer.device),
+        "peak_memory_bytes": peak_memory_bytes(trainer.device),
         "gradient_mode": trainer.gradient_mode,
         "grad_backend": trainer.grad_backend,
     }
@@ -270,8 +269,6 @@ def run_bench(out_dir: str | Path, methods: Sequence[str], task_counts: Sequence
     if threads is not None:
         torch.set_num_threads(threads)
     if teleport:
-        from mtlflow.teleport import validate
-
         validate(teleport, teleport_options)
         if cost_epoch_steps is not None and cost_epoch_steps < 1 or cost_epochs < 1:
             raise InvalidParameterError("--cost-epoch-steps and --cost-epochs must be >= 1")
@@ -318,7 +315,7 @@ def _run_bench(out_dir: str | Path, methods: Sequence[str], task_counts: Sequenc
                     row.update(measure_method(bench, data, batch, name, steps, warmup, resolved_device, mode,
                                               hparams.get(name)))
                     row["status"] = "ok"
-                    if row["gradient_mode"] == "representation":  # MGDA-UB always is
+                    if row["gradient_mode"] == GradientMode.REPRESENTATION:  # MGDA-UB always is
                         row["grad_wrt"] = "representation"
                 except Exception as exc:  # reported in the table; one broken method does not stop the run
                     row["status"] = f"failed: {type(exc).__name__}: {exc}"[:300]
@@ -383,7 +380,7 @@ def check_targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
             checks.append({"target": f"paper: step <= {target}x LS", "method": label, "tasks": k_max,
                            "value": r["ratio_to_ls"],
                            "pass": r["ratio_to_ls"] is not None and r["ratio_to_ls"] <= target})
-        if r["gradient_mode"] == "representation":
+        if r["gradient_mode"] == GradientMode.REPRESENTATION:
             checks.append({"target": f"representation mode <= {REPRESENTATION_TARGET}x LS", "method": label,
                            "tasks": k_max, "value": r["ratio_to_ls"],
                            "pass": r["ratio_to_ls"] is not None and r["ratio_to_ls"] <= REPRESENTATION_TARGET})
@@ -531,12 +528,6 @@ def add_cost_overhead(summary: dict[str, Any], out_dir, methods: list[str], tele
                       progress: bool = True) -> list[dict[str, Any]]:
     """``mtlflow bench --teleport cost``: COST's overhead rows for every method and task count of
     ``summary``; adds them (and their target checks) to ``bench.json`` and ``bench.md``."""
-    import math
-    from pathlib import Path
-
-    from mtlflow.core import atomic
-    from mtlflow.experiments.bench import SYNTHETIC, _batch_of, _setting, markdown_report
-
     s = summary["setting"]
     rows = []
     for k in s["task_counts"]:

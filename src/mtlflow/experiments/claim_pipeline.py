@@ -9,8 +9,9 @@ verdict rules are in :mod:`mtlflow.experiments.claims`, with their papers and ta
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from mtlflow.core import atomic
 from mtlflow.core.errors import InvalidParameterError
@@ -23,9 +24,8 @@ VERDICT_METRICS = {claims.REPRODUCED: "verdict_reproduced", claims.WITHIN: "verd
 
 def plan(claim: str, scale: str, seeds: Sequence[int] = (), settings: Mapping[str, Any] | None = None) -> list[int]:
     """The seeds the pipeline's loop runs (``seeds``, or the scale's when empty); refuses bad input in one line
-    before any seed runs, and a claim whose runner measures its seeds together."""
-    found, _, seed_list = claims.resolve(claim, scale, list(seeds) or None, settings)
-    claims.seedwise(found)
+    before any seed runs."""
+    _, _, seed_list = claims.resolve(claim, scale, list(seeds) or None, settings)
     return seed_list
 
 

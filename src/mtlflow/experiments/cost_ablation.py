@@ -25,13 +25,20 @@ import csv
 import io
 import json
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
+from mtlflow import jobs, methods
 from mtlflow.config.run import RunConfig
 from mtlflow.core import atomic
 from mtlflow.core.errors import InvalidParameterError
+from mtlflow.jobs.cache import cached_data_dir
+from mtlflow.metrics.scoring import delta_m
+from mtlflow.teleport import validate
+from mtlflow.teleport.options import CostOptions
+from mtlflow.teleport.triggers import RULES
 
 TABLES = {"table4": "Table 4: components", "table7": "Table 7: trigger condition", "table8": "Table 8: PEFT adapter"}
 
@@ -68,7 +75,6 @@ def ablation_rows(method: str, component_trigger: str = "dominated",
 def _canonical(options: Mapping[str, Any] | None) -> str:
     if options is None:
         return "base"
-    from mtlflow.teleport.options import CostOptions
 
     resolved = CostOptions.from_mapping(options).resolved().as_dict()
     return json.dumps(resolved, sort_keys=True)
@@ -86,11 +92,6 @@ def ablate(out_dir: str | Path, data_dir: str | Path | None = None, benchmark: s
     """:func:`run_ablation` on prepared data (``data_dir``) or on ``benchmark`` prepared into the cache with
     ``data_options``; the trigger, the COST options and the base method's run are checked before any data
     is prepared."""
-    from mtlflow import jobs
-    from mtlflow.jobs.cache import cached_data_dir
-    from mtlflow.teleport import validate
-    from mtlflow.teleport.triggers import RULES
-
     if component_trigger not in RULES:
         raise InvalidParameterError(f"--trigger must be one of {', '.join(RULES)}, got {component_trigger!r}")
     validate("cost", teleport_options)
@@ -107,9 +108,6 @@ def run_ablation(data_dir: str | Path, out_dir: str | Path, method: str = "fairg
                  component_trigger: str = "dominated", teleport_options: Mapping[str, Any] | None = None,
                  train_options: Mapping[str, Any] | None = None, progress: bool = True) -> dict[str, Any]:
     """Train every row x seed (and the single-task references) on prepared data; write the tables."""
-    from mtlflow import jobs, methods
-    from mtlflow.metrics.scoring import delta_m
-
     bench, data = jobs.load_prepared(data_dir)
     if len(bench.task_names) < 2:
         raise InvalidParameterError(f"benchmark {bench.name!r} has one task; COST needs at least 2")

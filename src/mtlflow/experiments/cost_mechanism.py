@@ -34,15 +34,21 @@ import contextlib
 import copy
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from mtlflow.config.run import RunConfig
 from mtlflow.core.callbacks import Callback, StepState, TrainerView
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.seeding import capture_rng_state, restore_rng_state
+from mtlflow.engine.trainer import Trainer
+from mtlflow.experiments.bench import SyntheticCelebA
+from mtlflow.jobs import resolved_hparams
 from mtlflow.metrics.intervals import compare, mean_interval
 from mtlflow.teleport.callback import CostTeleport
 from mtlflow.teleport.objective import balance_weights, sample_perturbation, sharpness_loss
@@ -123,13 +129,6 @@ def _seed_of(seed: int, step: int) -> int:
 
 def build_trainer(config: MechanismConfig, seed: int, device: str = "cpu"):
     """A real trainer of ``config.method`` on the synthetic CelebA problem (no run directory is written)."""
-    from pathlib import Path
-
-    from mtlflow.config.run import RunConfig
-    from mtlflow.engine.trainer import Trainer
-    from mtlflow.experiments.bench import SyntheticCelebA
-    from mtlflow.jobs import resolved_hparams
-
     bench = SyntheticCelebA(config.tasks, config.width, config.image_size)
     data = bench.data(config.samples, seed=seed)
     # the trainer sets torch's thread count from ``threads`` (the callers restore it)
@@ -240,7 +239,7 @@ def measure_point(trainer, state: Mapping[str, Tensor], batch: Any, balance: Ten
     for i in range(losses.numel()):
         grads = torch.autograd.grad(losses[i], shared, retain_graph=True, allow_unused=True)
         rows.append(torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
-                               for g, p in zip(grads, shared)]))
+                               for g, p in zip(grads, shared, strict=True)]))
     stats = gradient_stats(torch.stack(rows))
     with torch.no_grad():
         perturbed = []

@@ -6,8 +6,9 @@ against no cleaning, mean ± std over seeds (``mtlflow hypercleaning``). The ben
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -18,6 +19,7 @@ from mtlflow.benchmarks.hypercleaning import HyperCleaning
 from mtlflow.core import atomic
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.jobs import resolved_hparams
+from mtlflow.jobs.cache import cached_data_dir
 
 #: rows of Table 3.2 (and the no-cleaning reference): label -> (method, hyper-parameters)
 TABLE_METHODS: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -70,8 +72,6 @@ def hypercleaning_table(out_dir: str | Path, data_dir: str | Path | None = None,
                         progress: bool = True) -> dict[str, Any]:
     """:func:`run_table` on prepared data (``data_dir``) or on hyper-cleaning data prepared into the cache
     with ``data_options``; the rows' hyper-parameters are checked before any data is prepared."""
-    from mtlflow.jobs.cache import cached_data_dir
-
     table_hparams(methods, hparams)
     data = Path(data_dir) if data_dir else cached_data_dir("hypercleaning", dict(data_options or {}))
     return run_table(data, out_dir, methods=methods, seeds=seeds, epochs=epochs, hparams=hparams, progress=progress)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mtlflow import jobs
 from mtlflow.core import atomic
 from mtlflow.core.callbacks import Callback, StepState, TrainerView
 from mtlflow.core.errors import InvalidParameterError
@@ -100,11 +101,12 @@ class HandWrittenLoop:
             self.next_batch += 1
             if self.gather == "index":
                 predictions = self.model(self.inputs[index])
-                loss = sum(loss_fn(p, t[index]) for loss_fn, p, t in zip(self.losses, predictions, self.targets))
+                loss = sum(loss_fn(p, t[index])
+                           for loss_fn, p, t in zip(self.losses, predictions, self.targets, strict=True))
             else:
                 predictions = self.model(torch.index_select(self.inputs, 0, index))
                 loss = sum(loss_fn(p, torch.index_select(t, 0, index))
-                           for loss_fn, p, t in zip(self.losses, predictions, self.targets))
+                           for loss_fn, p, t in zip(self.losses, predictions, self.targets, strict=True))
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
@@ -145,8 +147,6 @@ def measure_training(data_dir: Path, run_dir: Path, batch_size: int, steps: int,
                      chunk: int = 25) -> dict[str, Any]:
     """Samples per second of mtlflow's LS run (``jobs.train``) and of the hand-written loop, timed in
     alternating chunks (:class:`AlternatingClock`) after ``warmup`` untimed steps of each."""
-    from mtlflow import jobs
-
     if warmup < 1 or steps < chunk or steps % chunk:
         raise InvalidParameterError(f"--spec-data needs --warmup >= 1 and --steps a multiple of {chunk}")
     lr = 1e-3

@@ -24,11 +24,14 @@ gets ``toy.json`` (everything, including the trajectories), ``toy.md`` (tables) 
 from __future__ import annotations
 
 import math
+import multiprocessing
 import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,10 +43,12 @@ from mtlflow.benchmarks.toy import (
     PARETO_X1_RANGE,
     PARETO_X2,
     START_POINTS,
+    Toy,
     ToyObjective,
     distance_to_pareto_set,
     toy_losses,
 )
+from mtlflow.config.run import RunConfig
 from mtlflow.core import atomic
 from mtlflow.core.errors import InvalidParameterError, MtlflowError
 from mtlflow.engine.step import clip_gradients, update_scale
@@ -149,17 +154,10 @@ def pareto_stationarity(grads: Tensor) -> Tensor:
     return torch.tensor(out, dtype=torch.float64)
 
 
-def _overrides_setup(method: Method) -> bool:
-    return type(method).setup is not Method.setup
-
-
 def run_method(name: str, steps: int = DEFAULT_STEPS, scale: float = 0.1, lr: float = DEFAULT_LR,
                hparams: dict[str, Any] | None = None, seed: int = 0,
                starts: Sequence[tuple[float, float]] = START_POINTS) -> ToyResult:
     """Optimise the toy problem with method ``name`` from every start point at once."""
-    from mtlflow.benchmarks.toy import Toy
-    from mtlflow.config.run import RunConfig
-
     cls = method_registry.get(name)
     result = ToyResult(name, cls.family, "ok")
     if cls.custom_step:
@@ -179,11 +177,7 @@ def run_method(name: str, steps: int = DEFAULT_STEPS, scale: float = 0.1, lr: fl
     except (AttributeError, TypeError) as exc:
         result.status, result.note = "skipped", f"setup needs the full trainer ({type(exc).__name__}: {exc})"
         return result
-    method_params = [p for m in instances for p in m.parameters()]
-    groups: list[dict[str, Any]] = [{"params": [x]}]
-    if method_params:
-        groups.append({"params": method_params, "lr": METHOD_LR})
-    optimizer = torch.optim.Adam(groups, lr=lr)
+    optimizer = _adam(x, instances, lr)
     scale_k = update_scale(instances[0].natural_scale, n_tasks=2)  # the instance's: --hp scale_convention
     every = max(1, steps // MAX_TRACE_POINTS)
     trace, trace_steps = [x.detach().clone()], [0]
@@ -199,6 +193,15 @@ def run_method(name: str, steps: int = DEFAULT_STEPS, scale: float = 0.1, lr: fl
     result.seconds = time.perf_counter() - started
     record_outcome(result, x, scale, trace, trace_steps)
     return result
+
+
+def _adam(x: Tensor, instances: Sequence[Method], lr: float) -> torch.optim.Optimizer:
+    """One Adam for the points ``x`` (``lr``) and the methods' own parameters (:data:`METHOD_LR`), as the trainer's."""
+    groups: list[dict[str, Any]] = [{"params": [x]}]
+    method_params = [p for m in instances for p in m.parameters()]
+    if method_params:
+        groups.append({"params": method_params, "lr": METHOD_LR})
+    return torch.optim.Adam(groups, lr=lr)
 
 
 def record_outcome(result: ToyResult, x: Tensor, scale: float, trace: Sequence[Tensor],
@@ -230,7 +233,7 @@ def _step(instances: Sequence[Method], x: Tensor, optimizer: torch.optim.Optimiz
         # L(x0) + ∇L(x0)·(x - x0): the exact values and first derivatives at x0 in a 3-op graph, so
         # objectives (and GradNorm's gradient norms) are differentiated through x as in the trainer
         losses = detached + ((x - x.detach()).unsqueeze(1) * grads).sum(-1)
-        for m, ctx in zip(instances, contexts):
+        for m, ctx in zip(instances, contexts, strict=True):
             m.before_backward(ctx)
         total = sum(m.objective(losses[s]) for s, m in enumerate(instances))
         (total * scale_k).backward()
@@ -246,7 +249,7 @@ def _step(instances: Sequence[Method], x: Tensor, optimizer: torch.optim.Optimiz
         raise InvalidParameterError(f"{first.name} is neither loss weighting nor a gradient method")
     clip_gradients([x], [x], None, first)  # the trainer's rule; the toy run sets no global clipping
     optimizer.step()
-    for m, ctx in zip(instances, contexts):
+    for m, ctx in zip(instances, contexts, strict=True):
         m.after_optimizer_step(ctx)
 
 
@@ -310,9 +313,6 @@ def run_toy(method_names: Sequence[str], out_dir: str | Path, steps: int = DEFAU
     if jobs == 1:
         results = [report(run_method(**kw)) for kw in kwargs]
     else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                                  initializer=_single_threaded) as pool:
             futures = [pool.submit(run_method, **kw) for kw in kwargs]
@@ -374,26 +374,46 @@ def plot_trajectories(results: Sequence[ToyResult], path: Path, scale: float) ->
     n = max(len(shown), 1)
     cols = min(5, n)
     rows = math.ceil(n / cols)
-    grid = torch.linspace(-10, 10, 200, dtype=torch.float64)
-    g1, g2 = torch.meshgrid(grid, grid, indexing="xy")
-    total = toy_losses(torch.stack([g1, g2], dim=-1), scale).sum(-1)
+    contours = _loss_contours(scale)
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.0 * rows), squeeze=False)
     colors = plt.get_cmap("tab10")
     for ax in axes.flat[n:]:
         ax.axis("off")
-    for ax, r in zip(axes.flat, shown):
-        ax.contour(g1.numpy(), g2.numpy(), total.numpy(), levels=20, cmap="Greys", linewidths=0.5)
-        ax.plot(list(PARETO_X1_RANGE), [PARETO_X2, PARETO_X2], color="tab:green", linewidth=3, alpha=0.6)
-        path_xy = torch.tensor(r.trajectory)  # [T, S, 2]
-        for s in range(path_xy.shape[1]):
-            ax.plot(path_xy[:, s, 0], path_xy[:, s, 1], color=colors(s), linewidth=1.2)
-            ax.plot(path_xy[0, s, 0], path_xy[0, s, 1], "o", color=colors(s), markersize=4)
-            ax.plot(path_xy[-1, s, 0], path_xy[-1, s, 1], "*", color="black", markersize=6)
-        ax.set_title(f"{r.method} ({r.reached}/{path_xy.shape[1]})" if r.status == "ok" else f"{r.method} ({r.status})",
+    for ax, r in zip(axes.flat, shown, strict=False):  # the grid may have more cells than results
+        starts = _draw_trajectories(ax, r, contours, colors, end_marker_size=6)
+        ax.set_title(f"{r.method} ({r.reached}/{starts})" if r.status == "ok" else f"{r.method} ({r.status})",
                      fontsize=9)
-        ax.set_xlim(-10, 10)
-        ax.set_ylim(-10, 10)
         ax.tick_params(labelsize=6)
+    _save_figure(fig, path)
+
+
+def _loss_contours(scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x1, x2, L1 + L2) on the 200 x 200 grid of [-10, 10]² that the figures draw the contours of."""
+    grid = torch.linspace(-10, 10, 200, dtype=torch.float64)
+    g1, g2 = torch.meshgrid(grid, grid, indexing="xy")
+    total = toy_losses(torch.stack([g1, g2], dim=-1), scale).sum(-1)
+    return g1.numpy(), g2.numpy(), total.numpy()
+
+
+def _draw_trajectories(ax: Any, result: ToyResult, contours: tuple[np.ndarray, np.ndarray, np.ndarray], colors: Any,
+                       end_marker_size: float) -> int:
+    """One panel: the loss contours, the Pareto set, and ``result``'s trajectory from every start (a dot at
+    the start, a star at the end) on [-10, 10]²; returns the number of starts."""
+    ax.contour(*contours, levels=20, cmap="Greys", linewidths=0.5)
+    ax.plot(list(PARETO_X1_RANGE), [PARETO_X2, PARETO_X2], color="tab:green", linewidth=3, alpha=0.6)
+    path_xy = torch.tensor(result.trajectory)  # [T, S, 2]
+    for s in range(path_xy.shape[1]):
+        ax.plot(path_xy[:, s, 0], path_xy[:, s, 1], color=colors(s), linewidth=1.2)
+        ax.plot(path_xy[0, s, 0], path_xy[0, s, 1], "o", color=colors(s), markersize=4)
+        ax.plot(path_xy[-1, s, 0], path_xy[-1, s, 1], "*", color="black", markersize=end_marker_size)
+    ax.set_xlim(-10, 10)
+    ax.set_ylim(-10, 10)
+    return path_xy.shape[1]
+
+
+def _save_figure(fig: Any, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     with atomic.atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
@@ -462,9 +482,6 @@ def run_method_with_cost(name: str, steps: int, scale: float = 0.1, lr: float = 
     The starts are one ``[S, 2]`` parameter stepped by the toy runner's own step (as ``mtlflow toy``);
     a teleport moves one row, and HTR redoes that row's next Adam update with (σβ₁, σβ₂).
     """
-    from mtlflow.benchmarks.toy import Toy
-    from mtlflow.experiments.trajectories import METHOD_LR, ToyResult, _step, record_outcome, toy_values_and_gradients
-
     opts = toy_options(options)
     rule = RULES[opts.trigger]
     cls = method_registry.get(name)
@@ -476,11 +493,7 @@ def run_method_with_cost(name: str, steps: int, scale: float = 0.1, lr: float = 
     x = torch.nn.Parameter(torch.tensor(starts, dtype=torch.float64))
     instances = [method_registry.build(name, 2, **hp) for _ in starts]
     scale_k = update_scale(instances[0].natural_scale, n_tasks=2)  # the instance's: --hp scale_convention
-    groups: list[dict[str, Any]] = [{"params": [x]}]
-    method_params = [p for m in instances for p in m.parameters()]
-    if method_params:
-        groups.append({"params": method_params, "lr": METHOD_LR})
-    optimizer = torch.optim.Adam(groups, lr=lr)
+    optimizer = _adam(x, instances, lr)
     generator = torch.Generator().manual_seed(seed)
     every = max(1, steps // trace_points)
     trace, trace_steps = [x.detach().clone()], [0]
@@ -525,45 +538,28 @@ def run_method_with_cost(name: str, steps: int, scale: float = 0.1, lr: float = 
     return result, teleports
 
 
-def plot_cost_pair(base, cost, teleports: list[dict[str, Any]], path, scale: float) -> None:
+def plot_cost_pair(base: ToyResult, cost: ToyResult, teleports: list[dict[str, Any]], path: Path,
+                   scale: float) -> None:
     """Fig. 6: the base method's trajectories beside base + COST's, teleports drawn as dashed jumps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from mtlflow.benchmarks.toy import PARETO_X1_RANGE, PARETO_X2
-    from mtlflow.core import atomic
-
-    grid = torch.linspace(-10, 10, 200, dtype=torch.float64)
-    g1, g2 = torch.meshgrid(grid, grid, indexing="xy")
-    total = toy_losses(torch.stack([g1, g2], dim=-1), scale).sum(-1)
+    contours = _loss_contours(scale)
     fig, axes = plt.subplots(1, 2, figsize=(8.4, 4.0))
     colors = plt.get_cmap("tab10")
-    for ax, r in zip(axes, (base, cost)):
-        ax.contour(g1.numpy(), g2.numpy(), total.numpy(), levels=20, cmap="Greys", linewidths=0.5)
-        ax.plot(list(PARETO_X1_RANGE), [PARETO_X2, PARETO_X2], color="tab:green", linewidth=3, alpha=0.6)
-        path_xy = torch.tensor(r.trajectory)
-        for s in range(path_xy.shape[1]):
-            ax.plot(path_xy[:, s, 0], path_xy[:, s, 1], color=colors(s), linewidth=1.2)
-            ax.plot(path_xy[0, s, 0], path_xy[0, s, 1], "o", color=colors(s), markersize=4)
-            ax.plot(path_xy[-1, s, 0], path_xy[-1, s, 1], "*", color="black", markersize=7)
+    for ax, r in zip(axes, (base, cost), strict=True):
+        _draw_trajectories(ax, r, contours, colors, end_marker_size=7)
+        title = f"{r.method}: {r.reached}/{len(r.distances)} reach the front"
         if r is cost:
             for t in teleports:
                 (a1, a2), (b1, b2) = t["from"], t["to"]
                 ax.plot([a1, b1], [a2, b2], "--", color=colors(t["start"]), linewidth=1.0)
                 ax.plot(b1, b2, "x", color="red", markersize=4)
-        reached = sum(d <= 0.1 for d in r.distances)
-        title = f"{r.method}: {reached}/{len(r.distances)} reach the front"
-        if r is cost:
             title += f", {len(teleports)} teleports"
         ax.set_title(title, fontsize=9)
-        ax.set_xlim(-10, 10)
-        ax.set_ylim(-10, 10)
-    fig.tight_layout()
-    with atomic.atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+    _save_figure(fig, path)
 
 
 def add_cost_results(results: list, steps: int, scale: float, lr: float, seed: int,
@@ -572,8 +568,6 @@ def add_cost_results(results: list, steps: int, scale: float, lr: float, seed: i
     """``mtlflow toy --teleport cost``: after every method that ran, the same method + COST; writes
     ``cost-<method>.png`` (Fig. 6: the method beside method + COST) into ``out_dir``. Returns the results
     with the COST rows inserted after their base rows, and the teleports of each COST row."""
-    from pathlib import Path
-
     toy_options(options)  # validated before the long runs
     merged, teleports = [], {}
     for base in results:

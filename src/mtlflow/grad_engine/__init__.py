@@ -23,7 +23,7 @@ another default there (``mtlflow bench --device cuda`` measures it side by side)
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from torch import Tensor
 

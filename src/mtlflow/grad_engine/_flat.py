@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -10,7 +10,8 @@ from torch import Tensor
 
 def flatten_rows(rows: Sequence[Tensor | None], like: Sequence[Tensor], k: int) -> Tensor:
     """Concatenate per-parameter Jacobians ``[K, *p.shape]`` into ``[K, P]`` (zeros for ``None``)."""
-    parts = [(r if r is not None else p.new_zeros((k, *p.shape))).reshape(k, -1) for r, p in zip(rows, like)]
+    parts = [(r if r is not None else p.new_zeros((k, *p.shape))).reshape(k, -1)
+             for r, p in zip(rows, like, strict=True)]
     return torch.cat(parts, dim=1) if parts else torch.zeros(k, 0)
 
 
@@ -31,7 +32,7 @@ def write_flat_grad(params: Sequence[Tensor], flat: Tensor, accumulate: bool = F
 
 def accumulate_grads(params: Sequence[Tensor], grads: Sequence[Tensor | None]) -> None:
     """``p.grad += g`` for every parameter that got a gradient."""
-    for p, g in zip(params, grads):
+    for p, g in zip(params, grads, strict=True):
         if g is None:
             continue
         if p.grad is None:

@@ -22,13 +22,15 @@ weights depend on the Gramian only (:class:`~mtlflow.methods.base.GramianWeighti
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, ClassVar, Iterator, Sequence
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
+from torch.func import jacrev
 
 from mtlflow.grad_engine._flat import accumulate_grads, flatten_rows
 
@@ -110,7 +112,7 @@ class LoopBackend(JacobianBackend):
             grads = torch.autograd.grad(loss, [*shared, *own], retain_graph=retain_graph or i < k - 1,
                                         allow_unused=True)
             offset = 0
-            for p, g in zip(shared, grads[:len(shared)]):
+            for p, g in zip(shared, grads[:len(shared)], strict=True):
                 block = jac[i, offset:offset + p.numel()]
                 if g is None:
                     block.zero_()
@@ -149,7 +151,6 @@ class FuncBackend(JacobianBackend):
             raise ValueError("the func backend needs StepProblem.functional_losses")
         if retain_graph:
             raise ValueError("the func backend builds no autograd graph to retain; use loop or batched")
-        from torch.func import jacrev
 
         names = {id(p): n for n, p in problem.model.named_parameters()}
         shared = list(problem.shared)
@@ -162,8 +163,9 @@ class FuncBackend(JacobianBackend):
 
         def losses_at(shared_values: tuple[Tensor, ...], head_values: tuple[Tensor, ...],
                       buffer_values: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
-            overrides = {**dict(zip(shared_names, shared_values)), **dict(zip(head_names, head_values)),
-                         **dict(zip(buffer_names, buffer_values))}
+            overrides = {**dict(zip(shared_names, shared_values, strict=True)),
+                         **dict(zip(head_names, head_values, strict=True)),
+                         **dict(zip(buffer_names, buffer_values, strict=True))}
             losses = problem.functional_losses(overrides)
             return losses, losses
 
@@ -257,7 +259,7 @@ def representation_jacobian(forward: ForwardPass, task_params: Sequence[Sequence
     if z is None:
         raise ValueError("representation gradients need the shared features of the forward pass")
     rows = []
-    for loss, own in zip(forward.losses, task_params):
+    for loss, own in zip(forward.losses, task_params, strict=True):
         grads = torch.autograd.grad(loss, [z, *own], retain_graph=True, allow_unused=True)
         rows.append((grads[0] if grads[0] is not None else torch.zeros_like(z)).reshape(-1))
         accumulate_grads(list(own), grads[1:])

@@ -15,8 +15,8 @@ from typing import Any
 from mtlflow import benchmarks
 from mtlflow.benchmarks.base import Benchmark, BenchmarkData, read_manifest
 from mtlflow.core.errors import DataError
+from mtlflow.core.locks import file_lock
 from mtlflow.core.outputs import check_output_dir
-from mtlflow.engine.distributed import file_lock
 from mtlflow.jobs.data import load_prepared, prepare, prepare_benchmark
 
 

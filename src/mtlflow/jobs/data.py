@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from mtlflow import benchmarks
 from mtlflow.benchmarks.base import Benchmark, read_manifest
-from mtlflow.core.errors import DataError
+from mtlflow.config.run import RunConfig
+from mtlflow.core.errors import DataError, UnknownNameError
+from mtlflow.core.hashing import MANIFEST_NAME
+from mtlflow.core.outputs import check_output_dir, dataset_dir_guard
 
 
 def prepare(benchmark: str, out_dir: str | Path, overwrite: bool = False, **config: Any) -> dict[str, Any]:
@@ -16,8 +20,6 @@ def prepare(benchmark: str, out_dir: str | Path, overwrite: bool = False, **conf
     An existing prepared dataset in ``out_dir`` is replaced only with ``overwrite``; any other
     non-empty directory is refused (see :func:`mtlflow.core.outputs.dataset_dir_guard`).
     """
-    from mtlflow.core.outputs import check_output_dir
-
     check_output_dir(out_dir, "--out")
     return prepare_benchmark(benchmarks.build(benchmark, **config), out_dir, overwrite, config)
 
@@ -27,9 +29,6 @@ def prepare_benchmark(bench: Benchmark, out_dir: str | Path, overwrite: bool = F
     """:func:`prepare` of a built benchmark (``config``: the options it was built from, naming its input files):
     a spec benchmark keeps the spec file's name and lines for its errors, which a rebuild from
     ``bench.config`` (the spec as a mapping) would lose."""
-    from mtlflow.config.run import RunConfig
-    from mtlflow.core.outputs import check_output_dir, dataset_dir_guard
-
     check_output_dir(out_dir, "--out", inputs=source_paths(bench, config if config is not None else bench.config))
     RunConfig.for_benchmark(bench.train_defaults)  # a spec's train: section, refused here rather than at train
     with dataset_dir_guard(out_dir, overwrite=overwrite):
@@ -39,7 +38,8 @@ def prepare_benchmark(bench: Benchmark, out_dir: str | Path, overwrite: bool = F
 def source_paths(bench: Benchmark, config: Mapping[str, Any]) -> list[tuple]:
     """The local files and folders ``bench``'s data is prepared from, named as the user gave them (the spec
     file, its table and image folder, ``--data-dir``, ``--mnist-dir``): outputs must keep clear of them."""
-    from mtlflow.benchmarks.spec import SpecBenchmark
+    # jobs.data is on the import path of `mtlflow --help`: the spec benchmark (its pydantic schema) loads on use
+    from mtlflow.benchmarks.spec import SpecBenchmark  # noqa: PLC0415
 
     paths: list[tuple] = [(f"--{key.replace('_', '-')}", config.get(key))
                                     for key in ("spec", "data_dir", "mnist_dir") if isinstance(config.get(key), str)]
@@ -64,9 +64,6 @@ def check_expected_hash(data_dir: str | Path, manifest: Mapping[str, Any], expec
 def manifest_benchmark(data_dir: str | Path, manifest: Mapping[str, Any]) -> Benchmark:
     """The benchmark a prepared data directory's manifest names; a name no installed benchmark has is a
     DataError naming the manifest (the data was prepared by a plug-in that is not installed here, or edited)."""
-    from mtlflow.core.errors import UnknownNameError
-    from mtlflow.core.hashing import MANIFEST_NAME
-
     try:
         return benchmarks.build(manifest["benchmark"], **manifest.get("config", {}))
     except UnknownNameError as exc:

@@ -14,13 +14,16 @@ Reports the resolved configuration (recipe defaults + overrides, device), the pa
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
+from mtlflow import jobs, methods
 from mtlflow.benchmarks.base import Benchmark
 from mtlflow.config.run import RunConfig
+from mtlflow.methods.base import GradientMethod
 
 
 def count_parameters(module: torch.nn.Module) -> int:
@@ -29,8 +32,6 @@ def count_parameters(module: torch.nn.Module) -> int:
 
 def activation_bytes(bench: Benchmark, model: torch.nn.Module, data_dir: Path, batch_size: int) -> int:
     """Bytes of the tensors autograd saves for backward in one forward pass over one training batch."""
-    from mtlflow import jobs
-
     _, data = jobs.load_prepared(data_dir)
     loader = bench.make_loader(data.splits["train"], batch_size, shuffle=False)
     inputs, _ = bench.unpack(next(iter(loader)))
@@ -51,9 +52,6 @@ def activation_bytes(bench: Benchmark, model: torch.nn.Module, data_dir: Path, b
 def describe_run(bench: Benchmark, config: RunConfig, hparams: Mapping[str, Any],
                  data_dir: Path | None = None) -> dict[str, Any]:
     """Everything ``--dry-run`` prints, as a dict."""
-    from mtlflow import methods
-    from mtlflow.methods.base import GradientMethod
-
     tasks = [t.name for t in bench.select_tasks(config.tasks)]
     model = bench.make_model(tasks)
     method = methods.build(config.method, len(tasks), **dict(hparams))

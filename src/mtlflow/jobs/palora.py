@@ -5,8 +5,9 @@ adapters' parameter overhead (Sec. 4.1).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn

@@ -7,16 +7,24 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from mtlflow import jobs
+from mtlflow.benchmarks.base import read_manifest
+from mtlflow.config.data import DataConfig
 from mtlflow.config.pipeline import from_struct, reference_options, run_key
 from mtlflow.core import atomic
-from mtlflow.core.errors import InvalidParameterError
+from mtlflow.core.errors import DataError, InvalidParameterError
+from mtlflow.engine.rundir import check_run_consistent
+from mtlflow.jobs.champion import decide, seen_rows
+from mtlflow.jobs.compare.summary import MethodRow, to_json
 from mtlflow.jobs.run_report import evaluation_markdown, run_markdown, run_report_html
 from mtlflow.ops import dvc as dvc_io
-from mtlflow.ops.observability import export_summary, training_exporters
+from mtlflow.ops import model_store as store
+from mtlflow.ops import run_status
+from mtlflow.ops.observability import export_decision, export_run_status, export_summary, training_exporters
 
 
 def flat_metrics(prefix: str, metrics: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
@@ -31,9 +39,6 @@ def prepare_data(benchmark: str, data_options: Mapping[str, Any], out: str, data
     """Prepare ``benchmark`` with ``data_options`` (or the task spec ``spec``, its table at ``spec_rev``) into
     ``out`` and push it to the DVC remote, or pull ``data_version`` from it; returns the Dataset artifact's
     metadata (benchmark, data options, tasks, hashes)."""
-    from mtlflow.benchmarks.base import read_manifest
-    from mtlflow.config.data import DataConfig
-
     benchmark, options = DataConfig(benchmark, from_struct(dict(data_options)), spec, spec_rev).preparation()
     remote = dvc_io.resolve_remote(dvc_remote, default_remote)
     if data_version:
@@ -57,9 +62,6 @@ def run_dir_state(work_dir: Path) -> str:
     """What ``train`` does with the run directory of its run key: ``"reuse"`` a finished run whose files
     are consistent; ``"retrain"`` (from scratch) a run that stopped with an error or whose files are
     not the run's; ``"resume"`` an interrupted or killed run from its checkpoint, or start a new one."""
-    from mtlflow.core.errors import DataError
-    from mtlflow.engine.rundir import check_run_consistent
-
     if not (work_dir / "run.json").is_file():
         return "resume"
     try:
@@ -152,84 +154,108 @@ def evaluate(run: str, data: str, split: str, evaluation_out: str, confusion_out
 
 def aggregate(runs: Sequence[str], references: Sequence[str], method_set: Sequence[str], results_out: str,
               report_out: str, summary_out: str, pushgateway: str = "", pipeline_name: str = "",
-              run_name: str = "") -> dict[str, Any]:
+              run_name: str = "", baselines: Sequence[str] = ()) -> dict[str, Any]:
     """Compare the runs against the single-task references (the methods of ``method_set`` rank); copies the
     HTML report and the Markdown table out, pushes the comparison to Prometheus when a gateway is set
-    (grouped by pipeline, benchmark and ``run_name``, the pipeline run's name).
+    (grouped by pipeline, benchmark and ``run_name``, the pipeline run's name). ``baselines``: the directories of
+    the sweep's baselines (rows of the report, in no score).
     Returns the results' metadata and the flat metrics the Kubeflow UI shows (Δm%, mean rank, hypervolume,
     each task's primary metric per method)."""
     labels = sorted({jobs.run_label(jobs.read_run(r)["run"]) for r in runs})
     declared = [m for m in labels if m in method_set or m.split("(")[0] in method_set]
-    outcome = jobs.aggregate(list(runs), results_out, reference_dirs=list(references), method_set=declared or None)
+    outcome = jobs.aggregate(list(runs), results_out, reference_dirs=list(references), method_set=declared or None,
+                             baseline_dirs=list(baselines))
     shutil.copyfile(Path(results_out) / "report.html", report_out)
     shutil.copyfile(Path(results_out) / "results.md", summary_out)
-    primary = outcome["primary_metrics"]
-    scores = ("delta_m", "delta_m_paper", "mean_rank", "hypervolume")
-    shown = {"delta_m": "delta_m_pct", "delta_m_paper": "delta_m_paper_pct", "mean_rank": "mean_rank",
-             "hypervolume": "hypervolume"}
-    intervals = {"delta_m": "delta_m_interval", "delta_m_paper": "delta_m_paper_interval",
-                 "hypervolume": "hypervolume_interval"}
+    primary = outcome.primary_metrics
     flat: dict[str, float] = {}
-    for label, row in outcome["methods"].items():
-        flat.update({f"{label}.{shown[key]}": float(row[key]) for key in scores if key in row})
-        flat.update({f"{label}.{task}.{primary[task]}": float(row["mean"][task][primary[task]])
-                     for task in outcome["tasks"]})
+    for label, row in outcome.methods.items():
+        flat.update({f"{label}.{SHOWN[key]}": value for key, value in _scores(row).items()})
+        flat.update({f"{label}.{task}.{primary[task]}": float(row.mean[task][primary[task]])
+                     for task in outcome.tasks})
         # the 95 % interval bounds over seeds (absent with one seed: the UI shows no made-up spread)
-        for key, interval in intervals.items():
-            if row.get(interval) and row[interval]["low"] is not None:
-                flat[f"{label}.{shown[key]}_low"] = float(row[interval]["low"])
-                flat[f"{label}.{shown[key]}_high"] = float(row[interval]["high"])
-        for task in outcome["tasks"]:
-            estimate = row["intervals"][task][primary[task]]
-            if estimate["low"] is not None:
-                flat[f"{label}.{task}.{primary[task]}_low"] = float(estimate["low"])
-                flat[f"{label}.{task}.{primary[task]}_high"] = float(estimate["high"])
-        versus = row["versus"].get("ls", {}).get("delta_m")
-        if versus is not None:
-            flat[f"{label}.prob_improvement_vs_ls"] = float(versus["probability_of_improvement"])
-    export_summary(outcome, pushgateway or None, pipeline=pipeline_name or "kfp", run=run_name or "kfp")
-    return {"metadata": {"benchmark": outcome["benchmark"], "data_hash": outcome["data_hash"],
-                         "pareto_set": outcome["pareto_set"], "pareto_set_confident": outcome["pareto_set_confident"],
-                         "best_method": outcome["best_method"], "warnings": outcome["warnings"],
-                         "verdicts_vs_ls": {m: r["versus"]["ls"]["delta_m"]["verdict"]
-                                            for m, r in outcome["methods"].items()
-                                            if "delta_m" in r["versus"].get("ls", {})},
+        for key, interval in (("delta_m", row.delta_m and row.delta_m.interval),
+                              ("delta_m_paper", row.delta_m_paper and row.delta_m_paper.interval),
+                              ("hypervolume", row.hypervolume_interval)):
+            if interval and interval.low is not None:
+                flat[f"{label}.{SHOWN[key]}_low"] = float(interval.low)
+                flat[f"{label}.{SHOWN[key]}_high"] = float(interval.high)
+        for task in outcome.tasks:
+            estimate = row.intervals[task][primary[task]]
+            if estimate.low is not None:
+                flat[f"{label}.{task}.{primary[task]}_low"] = float(estimate.low)
+                flat[f"{label}.{task}.{primary[task]}_high"] = float(estimate.high)
+        versus = row.versus.get("ls")
+        if versus is not None and versus.delta_m is not None:
+            flat[f"{label}.prob_improvement_vs_ls"] = float(versus.delta_m.probability_of_improvement)
+    export_summary(to_json(outcome), pushgateway or None, pipeline=pipeline_name or "kfp", run=run_name or "kfp")
+    vs_ls = {m: r.versus["ls"] for m, r in outcome.methods.items() if "ls" in r.versus}
+    return {"metadata": {"benchmark": outcome.benchmark, "data_hash": outcome.data_hash,
+                         "pareto_set": list(outcome.pareto_set),
+                         "pareto_set_confident": list(outcome.pareto_set_confident),
+                         "best_method": outcome.best_method, "warnings": list(outcome.warnings),
+                         "verdicts_vs_ls": {m: v.delta_m.verdict for m, v in vs_ls.items() if v.delta_m is not None},
                          # over the shared test examples, on the mean over tasks (or why there is no paired one)
-                         "paired_verdicts_vs_ls": {m: _paired_verdict(r["versus"]["ls"]["paired"])
-                                                   for m, r in outcome["methods"].items() if "ls" in r["versus"]}},
+                         "paired_verdicts_vs_ls": {m: v.paired.short_verdict for m, v in vs_ls.items()}},
             "metrics": flat,
-            "scores": {k: {m: v for m, v in r.items() if m in scores} for k, r in outcome["methods"].items()}}
+            "scores": {m: _row_scores(r) for m, r in outcome.methods.items()}}
 
 
-def _paired_verdict(paired: Mapping[str, Any]) -> str:
-    return paired["combined"]["verdict"] if paired["available"] else paired["verdict"]
+#: the Kubeflow metric name of each score of a summary row
+SHOWN = {"delta_m": "delta_m_pct", "delta_m_paper": "delta_m_paper_pct", "mean_rank": "mean_rank",
+         "hypervolume": "hypervolume"}
+
+
+def _row_scores(row: MethodRow) -> dict[str, float]:
+    """A row's scores in results.json's order (hypervolume, Δm%, paper Δm%, mean rank), those it has."""
+    scores = {"hypervolume": row.hypervolume, "delta_m": row.delta_m and row.delta_m.mean,
+              "delta_m_paper": row.delta_m_paper and row.delta_m_paper.mean,
+              "mean_rank": row.mean_rank and row.mean_rank.mean}
+    return {k: v for k, v in scores.items() if v is not None}
+
+
+def _scores(row: MethodRow) -> dict[str, float]:
+    """A row's scores as floats, in the Kubeflow metrics' order (Δm%, paper Δm%, mean rank, hypervolume)."""
+    scores = _row_scores(row)
+    return {k: float(scores[k]) for k in SHOWN if k in scores}
 
 
 def compare_to_champion(run: str, data: str, model_store: str, min_improvement: float, decision_out: str,
-                        pushgateway: str = "", pipeline_name: str = "", run_name: str = "") -> dict[str, Any]:
+                        pushgateway: str = "", pipeline_name: str = "", run_name: str = "",
+                        margins: Mapping[str, float] | None = None) -> dict[str, Any]:
     """The retrain gate: evaluate the run and the champion of ``model_store`` on the test split of ``data``
     (the candidate's prepared data) and decide from the paired per-example errors
-    (:func:`mtlflow.jobs.champion.decide`). The decision record goes to ``decision_out`` (what ``promote``
-    stores with the new champion), to the model store's ``decisions/`` and to Prometheus when a gateway is
-    set; prints the reason. Returns ``{"promote": bool, "decision": record, "metrics": flat}`` (the flat
-    metrics the Kubeflow UI shows: both models' scores and primary metrics on the split, the intervals, n)."""
-    from mtlflow.jobs.champion import decide
-    from mtlflow.ops import model_store as store
-    from mtlflow.ops.observability import export_decision
-
-    decision = decide(run, data, model_store, min_improvement)
+    (:func:`mtlflow.jobs.champion.decide`; ``margins``: the per-task non-inferiority margins). The decision
+    record goes to the model store's ``decisions/`` (kept, or pending the promote step) and to
+    ``decision_out`` (what ``promote`` settles and stores with the new champion); prints the reason. Only a
+    kept champion is a final outcome here: Prometheus and the returned metrics show ``promoted`` 0 until
+    :func:`promote` decides under the store's lock. Returns ``{"promote": bool, "decision": record, "metrics":
+    flat}`` (``promote``: the gate's verdict, whether the promote step runs)."""
+    decided = decide(run, data, model_store, min_improvement, margins)
+    kept = store.record_decision(model_store, decided)
+    decision = atomic.read_json(kept, "gate decision")
     atomic.write_json(decision_out, decision)
-    kept = store.record_decision(model_store, decision)
-    export_decision(decision, pushgateway or None, pipeline=pipeline_name or "kfp", run=run_name or "kfp")
-    print(("promote: " if decision["promote"] else "keep the champion: ") + decision["reason"] + f" (record: {kept})")
-    return {"promote": bool(decision["promote"]), "decision": decision, "metrics": decision_metrics(decision)}
+    export_decision({**decision, "promote": bool(decision["promoted"])}, pushgateway or None,
+                    pipeline=pipeline_name or "kfp", run=run_name or "kfp")
+    print(("the gate would promote (the promote step decides): " if decision["promote"] else "keep the champion: ")
+          + decision["reason"] + f" (record: {kept})")
+    metrics = decision_metrics(decision) if not decision["promote"] else pending_metrics(decision)
+    return {"promote": bool(decision["promote"]), "decision": decision, "metrics": metrics}
+
+
+def pending_metrics(decision: Mapping[str, Any]) -> dict[str, float]:
+    """The gate's UI metrics while the promote step has not decided: all but ``promoted``, which the promote
+    step logs with the outcome."""
+    return {k: v for k, v in decision_metrics(decision).items() if k != "promoted"}
 
 
 def decision_metrics(decision: Mapping[str, Any]) -> dict[str, float]:
-    """A gate decision as the flat metrics the Kubeflow UI shows: ``promoted``, ``<model>.error`` and
-    ``<model>.<task>.<primary metric>`` of both models on the shared test split, ``n`` and, per task and
-    for the score (``all``), the error difference with its interval (``difference.<task>.{estimate,low,high}``)."""
-    flat = {"promoted": float(bool(decision["promote"]))}
+    """A settled gate decision as the flat metrics the Kubeflow UI shows: ``promoted`` (the outcome),
+    ``<model>.error`` and ``<model>.<task>.<primary metric>`` of both models on the shared test split, ``n``,
+    per task and for the score (``all``) the error difference with its interval
+    (``difference.<task>.{estimate,low,high}``) and the smallest difference the split could detect
+    (``resolution.<task>``), and the test rows the champion had seen (``overlap_rows``)."""
+    flat = {"promoted": float(bool(decision.get("promoted", decision["promote"])))}
     for role in ("candidate", "champion"):
         model = decision.get(role)
         if model:
@@ -242,23 +268,30 @@ def decision_metrics(decision: Mapping[str, Any]) -> dict[str, float]:
         for task, diff in (("all", gate["combined"]), *gate["tasks"].items()):
             flat.update({f"difference.{task}.estimate": float(diff["mean_difference"]),
                          f"difference.{task}.low": float(diff["low"]), f"difference.{task}.high": float(diff["high"])})
+        flat.update({f"resolution.{task}": float(value) for task, value in gate.get("resolution", {}).items()})
+    if (decision.get("overlap") or {}).get("checked"):
+        flat["overlap_rows"] = float(decision["overlap"]["rows"])
     return flat
 
 
-def promote(run: str, evaluation: str, decision: str, data_metadata: Mapping[str, Any], model_store: str) -> str:
+def promote(run: str, evaluation: str, decision: str, data_metadata: Mapping[str, Any], model_store: str,
+            data: str = "", pushgateway: str = "", pipeline_name: str = "", run_name: str = "") -> dict[str, Any]:
     """Store the run as the champion, with its gate ``decision`` (a file written by
-    :func:`compare_to_champion`) and its data version, if the decision still holds under the store's lock;
-    returns the version path, empty when it does not (another run was promoted meanwhile)."""
-    from mtlflow.ops import model_store as store
-
+    :func:`compare_to_champion`), its data version and the digests of the rows of ``data`` it has seen, if the
+    decision still holds under the store's lock, and settle the decision there. The outcome (promoted, or
+    "kept: another retrain promoted X first") goes to the decision record, Prometheus and the returned
+    metrics. Returns ``{"path": version path or "", "promoted", "outcome", "metrics"}``."""
     data_version = {k: data_metadata.get(k) for k in ("content_hash", "dvc_hash", "dvc_remote", "git_revision",
                                                       "benchmark", "data_options")}
-    record = store.promote(model_store, run, atomic.read_json(Path(evaluation), "evaluation"),
-                           atomic.read_json(Path(decision), "gate decision"), data=data_version)
-    if record is None:
-        return ""
-    print(f"promoted {record['label']} as {record['version']} ({record['reason']})")
-    return record["path"]
+    outcome = store.promote(model_store, run, atomic.read_json(Path(evaluation), "evaluation"),
+                            atomic.read_json(Path(decision), "gate decision"), data=data_version,
+                            seen_rows=seen_rows(data) if data else None)
+    final = outcome["decision"]
+    export_decision(final, pushgateway or None, pipeline=pipeline_name or "kfp", run=run_name or "kfp")
+    if outcome["promoted"]:
+        print(f"promoted {outcome['champion']['label']} as {outcome['version']} ({final['reason']})")
+    return {"path": outcome["champion"]["path"] if outcome["promoted"] else "", "promoted": outcome["promoted"],
+            "outcome": outcome["outcome"], "metrics": decision_metrics(final)}
 
 
 def record_status(status_dir: str, pipeline: str, job_name: str, state: str, error_code: int | None,
@@ -266,9 +299,6 @@ def record_status(status_dir: str, pipeline: str, job_name: str, state: str, err
                   pushgateway: str = "") -> str:
     """Record how a pipeline run ended (``<status_dir>/<job_name>.json``) and push it to Prometheus when a
     gateway is set; returns the record's path."""
-    from mtlflow.ops import run_status
-    from mtlflow.ops.observability import export_run_status
-
     path = run_status.record(status_dir, pipeline=pipeline, job_name=job_name, state=state, error_code=error_code,
                              error_message=error_message, exit_handler_task=exit_handler_task,
                              resource_name=resource_name)

@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import base64
 import html
+import io
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
+from mtlflow import jobs
 from mtlflow.core import atomic
 from mtlflow.core.errors import DataError
+from mtlflow.engine.rundir import run_label
+from mtlflow.jobs.compare.summary import read_summary
+from mtlflow.jobs.report import curves_plot, html_report, pareto_plot
 
 #: confusion matrices with more classes are left out of the Markdown (they stay in evaluation.json)
 MAX_MARKDOWN_CLASSES = 20
@@ -30,8 +36,6 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
 
 
 def _label(run: Mapping[str, Any]) -> str:
-    from mtlflow.engine.rundir import run_label
-
     return run_label(run)
 
 
@@ -108,13 +112,12 @@ def evaluation_markdown(result: Mapping[str, Any]) -> str:
                          "evaluation.json.\n")
             continue
         parts.append(_markdown_table(["true \\ predicted", *cm["categories"]],
-                                     [[c, *map(str, row)] for c, row in zip(cm["categories"], cm["matrix"])]))
+                                     [[c, *map(str, row)]
+                                      for c, row in zip(cm["categories"], cm["matrix"], strict=True)]))
     return "\n".join(parts)
 
 
 def _png(fig) -> bytes:
-    import io
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)  # no bbox_inches="tight": its layout pass costs more than the drawing
     return buf.getvalue()
@@ -164,7 +167,7 @@ def run_figure_png(metrics: Mapping[str, Any], columns: int = 4) -> bytes:
     panels = _panels(metrics)
     rows = -(-len(panels) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 2.7 * rows), squeeze=False)
-    for ax, (title, series) in zip(axes.flat, panels):
+    for ax, (title, series) in zip(axes.flat, panels, strict=False):  # the grid may have more cells than panels
         for name, values in series.items():
             ax.plot(x, values, marker=".", label=name or None)
         ax.set_title(title, fontsize=9)
@@ -213,14 +216,11 @@ td,th{{border:1px solid #bbb;padding:3px 8px;text-align:right}}td:first-child{{t
 def aggregate_report_html(results_dir: str | Path) -> str:
     """The sweep report of an aggregate results directory, re-rendered from ``results.json``: learning
     curves from the runs when their directories still exist, else the directory's ``curves.png``."""
-    from mtlflow import jobs
-    from mtlflow.jobs.report import curves_plot, html_report, pareto_plot
-
     results_dir = Path(results_dir)
-    summary = atomic.read_json(results_dir / "results.json", "aggregate results")
-    run_dirs = [d for row in summary["methods"].values() for d in row.get("runs", [])]
+    summary = read_summary(results_dir / "results.json")
+    run_dirs = [d for row in summary.methods.values() for d in row.runs]
     if run_dirs and all((Path(d) / "metrics.json").is_file() for d in run_dirs):
-        curves = curves_plot([jobs.read_run(d) for d in run_dirs], summary["split"])
+        curves = curves_plot([jobs.read_run(d) for d in run_dirs], summary.split)
     elif (results_dir / "curves.png").is_file():
         curves = (results_dir / "curves.png").read_bytes()
     else:

@@ -1,4 +1,4 @@
-"""DVC stages: ``mtlflow stage {source,prepare,train,reference,evaluate,aggregate,experiment}`` read
+"""DVC stages: ``mtlflow stage {source,prepare,train,reference,baselines,evaluate,aggregate,experiment}`` read
 ``params.yaml`` and call the same :mod:`mtlflow.jobs` functions as the CLI and the Kubeflow components;
 ``mtlflow stage status`` says what ``dvc repro`` would run, the source stage's data inputs included.
 
@@ -14,6 +14,8 @@ its own). Paths (relative to the DVC project root):
 * ``data/prepared``                      -- prepared benchmark data (DVC-tracked, pushed with ``dvc push``);
 * ``runs/mtl/<method>-s<seed>``          -- one run per (method, seed) of ``methods x seeds``;
 * ``runs/reference/<task>-s<seed>``      -- single-task reference runs (``reference_seeds``; never COST);
+* ``runs/baselines/<kind>``               -- the per-task baselines that fit the data (trivial always, hgb and
+  linear for a table; :func:`mtlflow.jobs.baselines.applicable_kinds`), cached by data hash: rows of the report;
 * ``runs/evaluation/<method>-s<seed>.json`` -- test-split evaluation of every sweep run, each example's error
   beside it (``.per_example.npz``: the aggregate's paired comparisons);
 * ``runs/experiment/<method>-s<seed>``   -- the research run of ``dvc.experiment_method``
@@ -30,16 +32,30 @@ its own). Paths (relative to the DVC project root):
 
 from __future__ import annotations
 
+import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mtlflow import jobs
 from mtlflow import methods as method_registry
-from mtlflow.config.pipeline import SweepConfig, canonical_hparams, reference_options
+from mtlflow.config.pipeline import (
+    BUDGET_KEYS,
+    DEFAULT_BUDGET,
+    SweepConfig,
+    TunedSweepConfig,
+    canonical_hparams,
+    merged_train_options,
+    reference_options,
+)
 from mtlflow.core import atomic
 from mtlflow.core.errors import DataError, InvalidParameterError
+from mtlflow.engine.rundir import read_run
+from mtlflow.jobs import tune_steps
+from mtlflow.jobs.baselines import applicable_kinds, baseline
+from mtlflow.jobs.compare.summary import MethodRow, Summary
+from mtlflow.jobs.tune import tune as tune_job
 from mtlflow.ops import dvc as dvc_io
 
 LOCK = Path("dvc.lock")
@@ -48,8 +64,14 @@ DATA = Path("data/prepared")
 RUNS = Path("runs/mtl")
 REFERENCES = Path("runs/reference")
 EVALUATIONS = Path("runs/evaluation")
+BASELINES = Path("runs/baselines")
 EXPERIMENTS = Path("runs/experiment")
 PLOTS = Path("plots")
+TUNE = Path("runs/tune")
+TUNE_METRICS = Path("metrics/tune.json")
+#: params.yaml's ``tune`` section (the tune stage): TunedSweepConfig fields; the data and the budget are the sweep's
+TUNE_KEYS = ("methods", "budget_trials", "budget_steps", "seed", "retrain_seeds", "search_spaces", "method_hparams",
+             "pruner", "startup_trials", "selection", "folds")
 
 
 @dataclass(frozen=True)
@@ -61,6 +83,8 @@ class DvcParams:
     experiment_method: str
     #: the experiment method's hyper-parameters (``method_hparams`` may name it when it is not in the sweep)
     experiment_hparams: dict[str, Any]
+    #: the tune stage's section (:data:`TUNE_KEYS`; checked by :func:`tune_config`)
+    tune: dict[str, Any] = field(default_factory=dict)
 
 
 def load_params(path: str | Path = "params.yaml") -> DvcParams:
@@ -71,6 +95,7 @@ def load_params(path: str | Path = "params.yaml") -> DvcParams:
     if not isinstance(params, dict):
         raise InvalidParameterError(f"{path} must hold a mapping of sweep parameters and a dvc section")
     dvc = params.pop("dvc", None)
+    tune = params.pop("tune", None) or {}
     if not isinstance(dvc, dict) or set(dvc) != {"reference_tasks", "experiment_method"}:
         raise InvalidParameterError(f"{path} needs a dvc section with exactly reference_tasks (the benchmark's "
                                     "tasks) and experiment_method (the research stage's method)")
@@ -94,7 +119,7 @@ def load_params(path: str | Path = "params.yaml") -> DvcParams:
     if list(dvc["reference_tasks"] or []) != list(tasks):
         raise InvalidParameterError(f"{path}: dvc.reference_tasks must list the benchmark's tasks {tasks} (the "
                                     "references of Δm%)")
-    return DvcParams(sweep, list(tasks), experiment, experiment_hparams)
+    return DvcParams(sweep, list(tasks), experiment, experiment_hparams, tune)
 
 
 def check_hparams_entries(path: Path, hparams: dict[str, Any], methods: list[str], experiment: str) -> None:
@@ -186,7 +211,20 @@ def stage_prepare(params: DvcParams) -> None:
 
 
 def _train_options(params: DvcParams) -> dict[str, Any]:
-    return {"epochs": params.sweep.epochs, **params.sweep.train_options}
+    """The runs' options under the one budget rule of every entry point (docs/guides/training.md): params.yaml's
+    ``train_options`` merged key by key over the sweep's DEFAULT_BUDGET; when the data is a spec, the spec's own
+    budget (its ``train:`` section over the spec defaults, what ``mtlflow train --spec`` and the pipeline give it)
+    in place of params.yaml's laptop budget (:data:`BUDGET_KEYS`). Says which on stderr."""
+    sweep = params.sweep
+    if sweep.spec:
+        laptop = {"epochs": sweep.epochs, **{k: v for k, v in sweep.train_options.items() if k in BUDGET_KEYS}}
+        print(f"params.yaml: the data is the spec {sweep.spec}: its own budget rule (its train: section over the "
+              f"spec defaults) sizes the runs, not params.yaml's {', '.join(f'{k}={v}' for k, v in laptop.items())}; "
+              "set a spec's budget in its train: section", file=sys.stderr)
+        return {k: v for k, v in sweep.train_options.items() if k not in BUDGET_KEYS}
+    options, note = merged_train_options(DEFAULT_BUDGET, sweep.train_options, epochs_given=True)
+    print(f"params.yaml {note}", file=sys.stderr)
+    return {"epochs": sweep.epochs, **options}
 
 
 def _train_method(params: DvcParams, method: str, seed: int, hparams: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -229,20 +267,22 @@ def _reference_dirs(params: DvcParams) -> list[Path]:
     return [REFERENCES / f"{t}-s{s}" for t in params.reference_tasks for s in params.sweep.reference_seeds]
 
 
-def _scores(row: dict[str, Any]) -> dict[str, float]:
-    return {k: row[k] for k in ("delta_m", "mean_rank", "hypervolume") if k in row}
+def _scores(row: MethodRow) -> dict[str, float]:
+    scores = {"delta_m": row.delta_m and row.delta_m.mean, "mean_rank": row.mean_rank and row.mean_rank.mean,
+              "hypervolume": row.hypervolume}
+    return {k: v for k, v in scores.items() if v is not None}
 
 
-def rows_by_method(params: DvcParams, summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def rows_by_method(params: DvcParams, summary: Summary) -> dict[str, MethodRow]:
     """The summary's rows under the sweep's method names. The summary labels a row with its hyper-parameters
     (``fairgrad(alpha=2.0)``); DVC compares metrics by key, so a key that changed with a hyper-parameter would
     read as one metric removed and another added (``-`` in ``dvc metrics diff``) instead of a change. A sweep
     has one row per method, so the name alone identifies it; its hyper-parameters are recorded as values."""
     method_of = {(RUNS / run_name(m, s)).resolve(): m for m in params.sweep.methods for s in params.sweep.seeds}
-    return {method_of[Path(row["runs"][0]).resolve()]: row for row in summary["methods"].values()}
+    return {method_of[Path(row.runs[0]).resolve()]: row for row in summary.methods.values()}
 
 
-def summary_metrics(params: DvcParams, summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def summary_metrics(params: DvcParams, summary: Summary) -> dict[str, dict[str, Any]]:
     """``metrics/summary.json``: per method name, its scores and the hyper-parameters it ran with (``hparams``,
     left out when it has none: DVC drops an empty mapping, and the file reads back the same in ``dvc exp show``)."""
     metrics = {}
@@ -265,10 +305,26 @@ def stage_evaluate(params: DvcParams) -> None:
     atomic.write_json(Path("metrics/evaluate.json"), flat)
 
 
+def stage_baselines(params: DvcParams) -> None:
+    """Fit every baseline kind that fits the prepared data into ``runs/baselines/<kind>`` (from the cache when the
+    same data had it fitted: :mod:`mtlflow.jobs.baselines`); ``metrics/baselines.json``: each kind's test metrics.
+    ``params`` are not read: the data alone decides (the stage depends on data/prepared)."""
+    flat = {}
+    for kind in applicable_kinds(DATA):
+        outcome = baseline(DATA, kind, BASELINES / kind, overwrite=True)
+        flat[kind] = flat_metrics(outcome["metrics"]["test"])
+    atomic.write_json(Path("metrics/baselines.json"), flat)
+
+
+def _baseline_dirs() -> list[Path]:
+    """The baselines the baselines stage fitted (none before it ran: the report then has no baseline rows)."""
+    return sorted(p for p in BASELINES.iterdir() if (p / "run.json").is_file()) if BASELINES.is_dir() else []
+
+
 def stage_aggregate(params: DvcParams) -> None:
     names = [run_name(m, s) for m in params.sweep.methods for s in params.sweep.seeds]
     summary = jobs.aggregate([RUNS / n for n in names], Path("reports/latest"), reference_dirs=_reference_dirs(params),
-                             evaluations=[EVALUATIONS / f"{n}.json" for n in names])
+                             evaluations=[EVALUATIONS / f"{n}.json" for n in names], baseline_dirs=_baseline_dirs())
     atomic.write_json(Path("metrics/summary.json"), summary_metrics(params, summary))
     atomic.write_json(PLOTS / "pareto.json", pareto_points(params, summary))
 
@@ -277,21 +333,19 @@ def stage_aggregate(params: DvcParams) -> None:
 PARETO_AXES = ("first task error", "second task error")
 
 
-def pareto_points(params: DvcParams, summary: dict[str, Any]) -> list[dict[str, Any]]:
+def pareto_points(params: DvcParams, summary: Summary) -> list[dict[str, Any]]:
     """One row per sweep method (by name, as in ``metrics/summary.json``; ``label`` adds its hyper-parameters):
     its primary-metric error on each task (``<task> error``, lower is better; the first two again under
     :data:`PARETO_AXES`, the axes of the report's Pareto plot) and whether no other method beats it on every
     task."""
-    return [{"method": method, "label": row["method"], **dict(zip(PARETO_AXES, row["primary_errors"])),
-             **{f"{task} error": error for task, error in zip(summary["tasks"], row["primary_errors"])},
-             "pareto_optimal": row["pareto_optimal"]}
+    return [{"method": method, "label": row.method, **dict(zip(PARETO_AXES, row.primary_errors, strict=True)),
+             **{f"{task} error": error for task, error in zip(summary.tasks, row.primary_errors, strict=True)},
+             "pareto_optimal": row.pareto_optimal}
             for method, row in sorted(rows_by_method(params, summary).items())]
 
 
 def _check_references(params: DvcParams) -> None:
     """Refuse to start an experiment whose single-task references are missing or unfinished (DataError, exit 3)."""
-    from mtlflow.engine.rundir import read_run
-
     missing = [str(d) for d in _reference_dirs(params) if not (d / "run.json").is_file()]
     if missing:
         raise DataError(f"the single-task references {', '.join(missing)} are missing; train them first: "
@@ -313,7 +367,31 @@ def stage_experiment(params: DvcParams) -> None:
         write_epoch_curves(out, PLOTS / "experiment" / f"s{seed}")
         runs.append(out)
     summary = jobs.aggregate(runs, Path("reports/experiment"), reference_dirs=_reference_dirs(params))
-    (row,) = summary["methods"].values()
+    (row,) = summary.methods.values()
     atomic.write_json(Path("metrics/experiment.json"), {
         **_scores(row),
-        **{f"test.{k}": v for k, v in flat_metrics(row["mean"]).items()}})
+        **{f"test.{k}": v for k, v in flat_metrics(row.mean).items()}})
+
+
+def tune_config(params: DvcParams) -> TunedSweepConfig:
+    """The tune stage's settings: params.yaml's ``tune`` section on the sweep's data, validated."""
+    if not isinstance(params.tune, dict) or set(params.tune) - set(TUNE_KEYS):
+        raise InvalidParameterError(f"params.yaml: the tune section must be a mapping of {', '.join(TUNE_KEYS)}, got "
+                                    f"{params.tune!r}")
+    sweep = params.sweep
+    data = {"benchmark": sweep.benchmark, "data_options": sweep.data_options, "spec": sweep.spec,
+            "spec_rev": sweep.spec_rev}
+    return TunedSweepConfig.from_mapping({**data, **params.tune}, where="params.yaml tune key(s)")
+
+
+def stage_tune(params: DvcParams) -> None:
+    """Tune every method of the tune section and the single-task references under the same budget, each trial
+    trained under the sweep's budget rule (:func:`_train_options`), retrain the chosen configurations and compare
+    them (``runs/tune``: mtlflow tune's work directory, tune.json and comparison), the same job as ``mtlflow tune``
+    and the ``tuned_sweep`` pipeline; ``metrics/tune.json`` holds per study its best validation score, budget spent
+    and chosen settings, and the comparison's best method."""
+    arguments = {**tune_steps.tune_kwargs(tune_config(params).tune_arguments()),
+                 "train_options": _train_options(params)}
+    result = tune_job(TUNE, data_dir=DATA, progress=False, **arguments)
+    best = atomic.read_json(TUNE / result["comparison"]["results"], "tuned comparison")["best_method"]
+    atomic.write_json(TUNE_METRICS, {"best_method": best, **tune_steps.tuned_metrics(result)})

@@ -13,12 +13,14 @@ the trainer hooks). Besides the built-ins, a name may be a plug-in's entry point
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 from mtlflow.core.hparams import HParam
 from mtlflow.core.registry import Registry, discover, subclass_of
 from mtlflow.methods.base import GradientMethod, GradInput, GramianWeighting, LossWeighting, Method, StepContext
+from mtlflow.methods.search import search_space
 
 __all__ = ["Method", "LossWeighting", "GradientMethod", "GramianWeighting", "GradInput", "HParam",
            "StepContext", "MethodInfo", "available", "get", "build", "info", "origin"]
@@ -26,10 +28,8 @@ __all__ = ["Method", "LossWeighting", "GradientMethod", "GramianWeighting", "Gra
 
 def _builtins() -> dict[str, type[Method]]:
     """Every method module in this package (one file per method, no central list)."""
-    import mtlflow.methods as package
-
     # base.py and solvers.py need no skip: discover keeps only the concrete, named Method classes a module defines
-    return discover(package, Method)
+    return discover(sys.modules[__name__], Method)
 
 
 REGISTRY: Registry[type[Method]] = Registry("method", "mtlflow.methods", _builtins,
@@ -44,6 +44,8 @@ class MethodInfo:
     paper: str
     equations: str
     hparams: dict[str, tuple[Any, str]]
+    #: what ``mtlflow tune`` searches: the shared training settings and the method's own ranges
+    search: dict[str, dict[str, Any]]
 
 
 #: names of the built-in and installed plug-in methods, sorted
@@ -67,4 +69,5 @@ def build(name: str, n_tasks: int, seed: int = 0, /, **hparams: Any) -> Method:
 def info(name: str) -> MethodInfo:
     cls = get(name)
     return MethodInfo(cls.name, cls.family, cls.cost, cls.paper, cls.equations,
-                      {k: (h.default, h.help) for k, h in cls.hparams.items()})
+                      {k: (h.default, h.help) for k, h in cls.hparams.items()},
+                      {k: r.as_dict() for k, r in search_space(cls).items()})

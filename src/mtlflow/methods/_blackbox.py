@@ -31,8 +31,9 @@ coordinates where the floor acted (0 in every synthetic run of docs/research/the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor

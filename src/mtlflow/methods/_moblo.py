@@ -27,7 +27,8 @@ data order is untouched.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -35,7 +36,7 @@ from torch.utils.data import Dataset, Subset
 
 from mtlflow.core.callbacks import StepState, TrainerView
 from mtlflow.core.errors import InvalidParameterError, NonFiniteLossError
-from mtlflow.core.hparams import HParam, one_of, positive
+from mtlflow.core.hparams import HParam, SearchRange, one_of, positive
 from mtlflow.methods._support import MethodGenerator
 from mtlflow.methods.moco import project_to_simplex
 
@@ -56,7 +57,9 @@ def common_hparams(inner_steps: int, inner_lr: float) -> dict[str, HParam]:
                           "'softmax' of logits (the authors' code)", one_of(*SIMPLEX_PARAMETRISATIONS)),
         "inner_steps": HParam(inner_steps, "T: lower-level SGD steps per upper-level iteration", lambda v: v >= 1,
                               "an integer >= 1", kind=int),
-        "inner_lr": HParam(inner_lr, "η: step size of the inner lower-level SGD steps", positive),
+        "inner_lr": HParam(inner_lr, "η: step size of the inner lower-level SGD steps", positive,
+                           search=SearchRange("categorical", choices=(0.05, 0.1, 0.5),
+                                              source="Ye's thesis, MTL experiments: LL step η grid {0.05, 0.1, 0.5}")),
         "inner_batches": HParam("step", "data of the inner steps: 'step' (the trainer's batch for all T, as the "
                                 "authors' code) or 'fresh' (a new training batch per inner step)",
                                 one_of(*INNER_BATCHES)),
@@ -147,7 +150,7 @@ class FunctionalModel:
     def task_losses(self, preds: Sequence[Tensor], targets: Sequence[Tensor]) -> Tensor:
         """The K batch-mean task losses as one tensor."""
         tr = self.trainer
-        return torch.stack([task.loss(pred, targets[idx]) for task, pred, idx in zip(tr.tasks, preds, tr.task_index)])
+        return torch.stack([task.loss(pred, targets[idx]) for task, pred, idx in zip(tr.tasks, preds, tr.task_index, strict=True)])
 
 
 def check_finite(losses: Tensor, method: str, trainer: TrainerView, what: str) -> None:
@@ -227,7 +230,7 @@ class SampleWeights(UpperLevel):
         per_sample = self.bench.per_sample_losses(preds, targets, self.task_index)
         ids = self.bench.sample_ids(targets, self.task_index)
         terms = [(torch.sigmoid(variable[i, idx]).to(loss.dtype) * loss).mean()
-                 for i, (loss, idx) in enumerate(zip(per_sample, ids))]
+                 for i, (loss, idx) in enumerate(zip(per_sample, ids, strict=True))]
         return torch.stack(terms).sum()
 
     def weights_summary(self) -> Tensor:

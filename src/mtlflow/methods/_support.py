@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import zlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.hparams import HParam
-from mtlflow.methods._numerics import gramian_array
+from mtlflow.core.numerics import gramian_array
 
 
 def method_seed(method_name: str, seed: int) -> int:
@@ -66,7 +66,7 @@ class MethodGenerator:
 
 def gramian_numpy(gramian: Tensor, method: str) -> np.ndarray:
     """The K x K Gramian as a symmetric PSD float64 numpy array (the small solvers run on the CPU);
-    NaN or Inf raise :class:`~mtlflow.core.errors.NonFiniteValueError` (see :mod:`mtlflow.methods._numerics`)."""
+    NaN or Inf raise :class:`~mtlflow.core.errors.NonFiniteValueError` (see :mod:`mtlflow.core.numerics`)."""
     return gramian_array(gramian, method)
 
 
@@ -122,7 +122,7 @@ def scale_head_gradients(heads: Sequence[Sequence[Tensor]] | None, scales: Tenso
     """Multiply the ``.grad`` of head i by ``scales[i]`` (the head then holds ∇(c_i L_i))."""
     if heads is None:
         return
-    for params, c in zip(heads, scales.tolist()):
+    for params, c in zip(heads, scales.tolist(), strict=True):
         for p in params:
             if p.grad is not None:
                 p.grad.mul_(c)

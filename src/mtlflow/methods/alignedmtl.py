@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.hparams import HParam, one_of
-from mtlflow.methods._numerics import gramian_array
+from mtlflow.core.numerics import gramian_array
 from mtlflow.methods.base import GramianWeighting
 
 SCALE_MODES = ("min", "median", "rmse")

@@ -147,7 +147,8 @@ class ASMGMethod(Method):
         def losses_at(point: Tensor) -> Tensor:
             vector_to_parameters(point.to(self.params[0].dtype), self.params)
             preds = model.forward_heads(features) if features is not None else model(inputs)
-            return torch.stack([task.loss(pred, target) for task, pred, target in zip(trainer.tasks, preds, targets)])
+            return torch.stack([task.loss(pred, target)
+                                for task, pred, target in zip(trainer.tasks, preds, targets, strict=True)])
 
         samples = optimizer.ask().to(trainer.device)
         center = losses_at(optimizer.mean.to(trainer.device))

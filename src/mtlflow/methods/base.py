@@ -21,8 +21,9 @@ so checkpoints resume exactly.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -30,7 +31,7 @@ from torch import Tensor
 from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.hparams import HParam, one_of
-from mtlflow.methods._numerics import gramian_float64
+from mtlflow.core.numerics import gramian_float64
 from mtlflow.methods._support import MethodGenerator, loss_bounds
 
 
@@ -178,7 +179,7 @@ class Method:
         if self.rng is not None:
             self.rng.load_state_dict(state["generator"])
 
-    def to(self, device: torch.device | str) -> "Method":
+    def to(self, device: torch.device | str) -> Method:
         # new leaves on the device; called before the trainer builds its optimizer
         for name in self.learned:
             setattr(self, name, getattr(self, name).detach().to(device).requires_grad_(True))
@@ -232,7 +233,7 @@ class GramianWeighting(GradientMethod):
         return int(self.hp.get("update_weights_every", 1))
 
     def combine(self, grads: Tensor, losses: Tensor) -> Tensor:
-        # K x K problems are solved in float64 (mtlflow.methods._numerics); the combination Σ w_i g_i
+        # K x K problems are solved in float64 (mtlflow.core.numerics); the combination Σ w_i g_i
         # is accumulated in at least float32 so that bf16 gradients keep the weights' precision
         w = self.weights_from_gramian(gramian_float64(grads), losses)
         self.last_weights = w.detach()

@@ -51,8 +51,8 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.errors import SolverError
-from mtlflow.core.hparams import HParam, one_of, positive
-from mtlflow.methods._numerics import gramian_array
+from mtlflow.core.hparams import HParam, SearchRange, one_of, positive
+from mtlflow.core.numerics import gramian_array
 from mtlflow.methods.base import GramianWeighting
 from mtlflow.methods.upgrad import dual_cone_weights
 
@@ -180,7 +180,9 @@ class CAGrad(GramianWeighting):
     natural_scale = "mean"
     hparams = {
         "c": HParam(0.4, "radius of the ball around g_0, in units of ‖g_0‖ (0 = mean-gradient descent)",
-                    lambda v: 0 <= v < 1, "in [0, 1)"),
+                    lambda v: 0 <= v < 1, "in [0, 1)",
+                    search=SearchRange("categorical", choices=(0.2, 0.4, 0.5, 0.8),
+                                       source="Gama & Grassi 2025 grid {0.2, 0.5, 0.8} and the paper's 0.4")),
         "rescale": HParam(0, "0: d (Algorithm 1); 1: d/(1+c²) (official multi-task code); 2: d/(1+c) (toy)",
                           one_of(0, 1, 2)),
         "gap_tol": HParam(1e-6, "largest accepted duality gap of the dual solve, relative to max ‖g_i‖²",

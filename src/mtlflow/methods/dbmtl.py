@@ -21,7 +21,8 @@ that can be negative (the toy problem). ``last_weights`` logs the α_i.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.hparams import HParam, non_negative, positive
-from mtlflow.methods._numerics import cpu_float64
+from mtlflow.core.numerics import cpu_float64
 from mtlflow.methods.base import GradientMethod
 
 EPS = 1e-7

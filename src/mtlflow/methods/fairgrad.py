@@ -33,8 +33,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtlflow.core.hparams import HParam, positive
-from mtlflow.methods._numerics import gramian_array, one_blas_thread
+from mtlflow.core.hparams import HParam, SearchRange, positive
+from mtlflow.core.numerics import gramian_array, one_blas_thread
 from mtlflow.methods.base import GramianWeighting
 from mtlflow.methods.solvers import (
     FAIRGRAD_NEAR_STATIONARITY_TOL,
@@ -53,7 +53,9 @@ class FairGrad(GramianWeighting):
     paper = "Ban & Ji, Fair Resource Allocation in Multi-Task Learning, ICML 2024"
     equations = "α-fair direction: GᵀG w = w^(-1/α), d = G w"
     natural_scale = "mean"
-    hparams = {"alpha": HParam(1.0, "fairness exponent α (1 = proportional fairness)", positive)}
+    hparams = {"alpha": HParam(1.0, "fairness exponent α (1 = proportional fairness)", positive,
+                               search=SearchRange("log", 0.5, 5.0,
+                                                  source="around the paper's α = 1 and the COST release's α = 2"))}
 
     def __init__(self, n_tasks: int, **hparams: Any):
         super().__init__(n_tasks, **hparams)

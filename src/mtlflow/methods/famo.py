@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.errors import InvalidParameterError
-from mtlflow.core.hparams import HParam, non_negative, positive
+from mtlflow.core.hparams import HParam, SearchRange, non_negative, positive
 from mtlflow.methods._support import min_losses_hparam
 from mtlflow.methods.base import LossWeighting, StepContext
 
@@ -37,7 +37,9 @@ class FAMO(LossWeighting):
     hparams = {
         "w_lr": HParam(0.025, "learning rate of the logits ξ", positive),
         "gamma": HParam(1e-3, "weight decay of the logits (0.01 CityScapes, 0.001 otherwise)",
-                        non_negative),
+                        non_negative, search=SearchRange("categorical", choices=(1e-4, 1e-3, 1e-2),
+                                                         source="Gama & Grassi 2025 grid {1e-2, 1e-3, 1e-4}; "
+                                                                "FAMO's scripts 1e-3 and 1e-2 (CityScapes)")),
         "eps": HParam(1e-8, "ε added to L - L^min", positive),
         "min_losses": min_losses_hparam(),
     }

@@ -45,9 +45,9 @@ from torch import Tensor
 
 from mtlflow.core.callbacks import StepState, TrainerView
 from mtlflow.core.errors import NonFiniteValueError, SolverError
-from mtlflow.core.hparams import HParam, positive
+from mtlflow.core.hparams import HParam, SearchRange, positive
+from mtlflow.core.numerics import cpu_float64
 from mtlflow.methods._moblo import BilevelState, check_finite, common_hparams, step_model
-from mtlflow.methods._numerics import cpu_float64
 from mtlflow.methods.base import Method
 from mtlflow.methods.solvers import min_norm_weights_qp
 
@@ -119,7 +119,7 @@ def forum_nu(gram: Tensor, lam: Tensor, rho: float) -> float:
 
 
 def _flat(grads: tuple[Tensor | None, ...], like: list[Tensor]) -> Tensor:
-    return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(grads, like)])
+    return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(grads, like, strict=True)])
 
 
 class FORUM(Method):
@@ -135,7 +135,8 @@ class FORUM(Method):
     hparams = {
         **common_hparams(inner_steps=5, inner_lr=0.1),
         "rho": HParam(0.1, "ρ of the dynamic barrier ϕ_k = (ρ/2)‖∇q̃‖² (thesis: 0.1 MTL, 0.5 hyper-cleaning)",
-                      positive),
+                      positive, search=SearchRange("categorical", choices=(0.1, 0.5, 0.9),
+                                                   source="Ye's thesis: ρ grid {0.1, 0.5, 0.9} of its baselines")),
         "beta_power": HParam(0.75, "momentum β_k = (k + 1)^(-beta_power) on λ (Eq. 3.30)", lambda v: 0 < v <= 1,
                              "in (0, 1]"),
         "normalize_upper_grads": HParam(False, "scale each ∇_ω F_i to unit norm (the authors' code)", kind=bool),
@@ -176,7 +177,7 @@ class FORUM(Method):
             check_finite(inner_value.reshape(1), self.name, trainer, "inner lower-level loss")
             inner_grads = torch.autograd.grad(inner_value, list(tilde.values()), allow_unused=True)
             with torch.no_grad():
-                for p, g in zip(tilde.values(), inner_grads):
+                for p, g in zip(tilde.values(), inner_grads, strict=True):
                     if g is not None:
                         p.sub_(hp["inner_lr"] * g)
         frozen = {n: p.detach() for n, p in tilde.items()}

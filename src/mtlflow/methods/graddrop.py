@@ -34,7 +34,6 @@ from torch import Tensor
 from mtlflow.core.hparams import HParam, unit_interval
 from mtlflow.methods.base import GradientMethod
 
-
 #: entries of J clamped at once by :func:`sign_sums` (its work buffer)
 BLOCK = 1 << 20
 

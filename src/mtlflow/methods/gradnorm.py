@@ -28,8 +28,8 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.callbacks import TrainerView
-from mtlflow.core.hparams import HParam, non_negative
-from mtlflow.methods._numerics import cpu_float64
+from mtlflow.core.hparams import HParam, SearchRange, non_negative
+from mtlflow.core.numerics import cpu_float64
 from mtlflow.methods._support import last_shared_layer, min_losses_hparam, shifted_losses
 from mtlflow.methods.base import LossWeighting, StepContext
 
@@ -55,7 +55,8 @@ class GradNorm(LossWeighting):
     learned = {"task_weights": 1.0}
     task_weights: Tensor
     hparams = {
-        "alpha": HParam(1.5, "asymmetry α: strength of the pull towards a common training rate", non_negative),
+        "alpha": HParam(1.5, "asymmetry α: strength of the pull towards a common training rate", non_negative,
+                        search=SearchRange("linear", 0.0, 3.0, source="Chen et al. 2018 §5: α in [0, 3] (1.5 on NYUv2)")),
         "min_losses": min_losses_hparam(),
     }
 

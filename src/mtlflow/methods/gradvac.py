@@ -23,14 +23,15 @@ method (seeded from the run seed); φ̂ and the generator are checkpointed.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from mtlflow.core.hparams import HParam, unit_interval
-from mtlflow.methods._numerics import cpu_float64, one_blas_thread
+from mtlflow.core.numerics import cpu_float64, one_blas_thread
 from mtlflow.methods._support import gramian_numpy
 from mtlflow.methods.base import GramianWeighting
 

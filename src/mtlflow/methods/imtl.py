@@ -18,13 +18,14 @@ in s when L ≤ 0).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from mtlflow.core.callbacks import TrainerView
-from mtlflow.methods._numerics import gramian_float64
+from mtlflow.core.numerics import gramian_float64
 from mtlflow.methods._support import (
     gramian_numpy,
     head_parameters,

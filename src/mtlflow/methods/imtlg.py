@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.errors import SolverError
-from mtlflow.methods._numerics import one_blas_thread
+from mtlflow.core.numerics import one_blas_thread
 from mtlflow.methods._support import gramian_numpy
 from mtlflow.methods.base import GramianWeighting
 

@@ -66,16 +66,19 @@ for NYU-v2).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from mtlflow.core.callbacks import TrainerView
 from mtlflow.core.errors import InvalidParameterError, NonFiniteLossError
-from mtlflow.core.hparams import HParam, non_negative, one_of, positive
+from mtlflow.core.hparams import HParam, SearchRange, non_negative, one_of, positive
+from mtlflow.methods._moblo import FunctionalModel
 from mtlflow.methods._support import min_losses_hparam
 from mtlflow.methods.base import LossWeighting, StepContext
+from mtlflow.models.base import MultiTaskModel
 
 TAUS = ("sigma", "one")
 NORMALISATIONS = ("none", "log", "rescale")
@@ -155,8 +158,6 @@ def batch_features_reader(model: Any, stacked: str) -> Callable[[Any], Any]:
     ``[B, K·C, ...]`` (``stacked="concat"``: the width behind App. A.1's router parameter counts, 128 = 2 x 64
     on CityScapes, 192 = 3 x 64 on NYU-v2) or their mean ``[B, C, ...]`` (``stacked="mean"``); else the
     features as they are."""
-    from mtlflow.models.base import MultiTaskModel
-
     own = getattr(model, "batch_features", None)
     if callable(own):
         return own
@@ -179,7 +180,10 @@ class LDCMTL(LossWeighting):
                  "f + λg for (x, W); Alg. 2 / Eqs. 3-4 double loop; App. A.1 normalisations")
     hparams = {
         "penalty": HParam(20.0, "penalty constant λ: of g in form=paper (f + λg, Eq. 2), of f in form=code "
-                          "(g + λf; Table 5's 0.01-0.1 are this one)", positive),
+                          "(g + λf; Table 5's 0.01-0.1 are this one)", positive,
+                          # the grids are for form=code's λ; form=paper's λ is their reciprocal (f + λg ∝ g + f/λ)
+                          search=SearchRange("log", 10.0, 200.0,
+                                             source="LDC-MTL Tables 4 and 8: λ grid 0.005-0.1 (code form), 1/λ here")),
         "form": HParam("paper", "'paper': f + λ g (Eq. 2, Alg. 1); 'code': g + λ f (the official implementation)",
                        one_of(*FORMS)),
         "tau": HParam("sigma", "upper-level weights τ: 'sigma' (τ = σ(W)) or 'one' (τ = 1)",
@@ -243,7 +247,7 @@ class LDCMTL(LossWeighting):
         if self.router is not None:
             self._build_optimizer()
 
-    def to(self, device: torch.device | str) -> "LDCMTL":
+    def to(self, device: torch.device | str) -> LDCMTL:
         self._device = torch.device(device)
         if self.router is not None:
             self.router.to(self._device)
@@ -371,7 +375,6 @@ class LDCMTL(LossWeighting):
         if batch is None or self._trainer is None or not hasattr(self._trainer, "bench"):
             raise InvalidParameterError("ldcmtl: loop=double needs the trainer's batch (mtlflow train); the toy "
                                         "runner supports loop=single only")
-        from mtlflow.methods._moblo import FunctionalModel
 
         model = FunctionalModel(self._trainer)
         inputs, targets = model.inputs_targets(batch)
@@ -387,7 +390,7 @@ class LDCMTL(LossWeighting):
             g = penalty(lower(z), sigma.to(ctx.losses.dtype))
             grads = torch.autograd.grad(g, list(z.values()), allow_unused=True)
             z = {n: (p - beta * d if d is not None else p).detach().requires_grad_(True)
-                 for (n, p), d in zip(z.items(), grads)}
+                 for (n, p), d in zip(z.items(), grads, strict=True)}
         with torch.no_grad():
             inner = lower(z)
         if not bool(torch.isfinite(inner).all()):

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.hparams import HParam, one_of, positive
-from mtlflow.methods._numerics import one_blas_thread
+from mtlflow.core.numerics import one_blas_thread
 from mtlflow.methods._support import gramian_numpy
 from mtlflow.methods.base import GramianWeighting
 from mtlflow.methods.solvers import min_norm_weights_frank_wolfe, min_norm_weights_qp

@@ -43,7 +43,7 @@ from torch import Tensor
 
 from mtlflow.core.errors import NonFiniteValueError
 from mtlflow.core.hparams import HParam, non_negative, one_of, positive
-from mtlflow.methods._numerics import cpu_float64, gramian_float64
+from mtlflow.core.numerics import cpu_float64, gramian_float64
 from mtlflow.methods.base import GradientMethod
 
 

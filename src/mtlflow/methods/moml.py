@@ -28,7 +28,8 @@ O(m p (n + p) T) time, O(mn + mpT) memory (Table 3.1): the unrolled graph holds 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -36,8 +37,8 @@ from torch import Tensor
 from mtlflow.core.callbacks import StepState, TrainerView
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.hparams import HParam
+from mtlflow.core.numerics import cpu_float64
 from mtlflow.methods._moblo import BilevelState, check_finite, common_hparams, step_model
-from mtlflow.methods._numerics import cpu_float64
 from mtlflow.methods.base import GradientMethod, Method
 
 
@@ -55,7 +56,7 @@ def unrolled_hypergradients(variable: Tensor, params0: dict[str, Tensor],
     for t in range(steps):
         objective = lower(alpha, params, t)
         grads = torch.autograd.grad(objective, list(params.values()), create_graph=True, allow_unused=True)
-        params = {name: p if g is None else p - lr * g for (name, p), g in zip(params.items(), grads)}
+        params = {name: p if g is None else p - lr * g for (name, p), g in zip(params.items(), grads, strict=True)}
     values = upper(params)
     rows = []
     for i in range(values.numel()):
@@ -83,7 +84,8 @@ class MOML(Method):
 
     def __init__(self, n_tasks: int, **hparams: Any):
         super().__init__(n_tasks, **hparams)
-        from mtlflow import methods
+        # the registry package imports every method module, this one included: a module-level import is a cycle
+        from mtlflow import methods  # noqa: PLC0415
 
         solver_cls = methods.get(self.hp["upper_solver"])
         if not issubclass(solver_cls, GradientMethod) or solver_cls.custom_step:

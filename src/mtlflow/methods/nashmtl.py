@@ -64,8 +64,8 @@ from torch import Tensor
 
 from mtlflow.core.errors import SolverError
 from mtlflow.core.hparams import HParam, non_negative, positive
-from mtlflow.methods._cvx import EXP_CONE_SOLVERS, require_solver, solve_checked
-from mtlflow.methods._numerics import cpu_float64, gramian_array, one_blas_thread
+from mtlflow.core.numerics import cpu_float64, gramian_array, one_blas_thread
+from mtlflow.methods._cvx import EXP_CONE_SOLVERS, require_cvxpy, require_solver, solve_checked
 from mtlflow.methods.base import UPDATE_WEIGHTS_EVERY, GramianWeighting
 from mtlflow.methods.solvers import min_norm_weights_qp
 
@@ -124,8 +124,6 @@ class _CCCPProblem:
     """The convex CCCP subproblem for K tasks, compiled once with cvxpy parameters (DPP)."""
 
     def __init__(self, k: int, solver: str):
-        from mtlflow.methods._cvx import require_cvxpy
-
         cp = require_cvxpy("nashmtl")
         self.solver = solver
         self.alpha = cp.Variable(k, nonneg=True)

@@ -59,9 +59,10 @@ from torch import Tensor, nn
 from mtlflow.core import atomic
 from mtlflow.core.callbacks import Callback, StepState, TrainerView
 from mtlflow.core.errors import DataError, InvalidParameterError, NonFiniteLossError
-from mtlflow.core.hparams import HParam, non_negative, one_of, positive
-from mtlflow.methods._numerics import cpu_float64
+from mtlflow.core.hparams import HParam, SearchRange, non_negative, one_of, positive
+from mtlflow.core.numerics import cpu_float64
 from mtlflow.methods.base import Method
+from mtlflow.metrics.selection import parse_selection
 from mtlflow.pareto.adapters import FACTORIZATIONS, PreferenceAdapters
 from mtlflow.pareto.front import evaluate_front, front_plot, front_record, select_front, task_info
 from mtlflow.pareto.simplex import SCHEDULES, PreferenceSchedule, default_eval_subdivisions, default_rays, simplex_grid
@@ -84,12 +85,15 @@ class PaLoRA(Method):
     hparams = {
         "rank": HParam(1, "rank r of every task's adapter (paper: 1 on MultiMNIST, 4 on scene understanding)",
                        _positive_int, "an integer >= 1", kind=int),
-        "alpha": HParam(5.0, "scaling α of Eq. 2 (paper grid 1, 2, 5, 10)", positive),
+        "alpha": HParam(5.0, "scaling α of Eq. 2 (paper grid 1, 2, 5, 10)", positive,
+                        search=SearchRange("categorical", choices=(1.0, 2.0, 5.0, 10.0),
+                                           source="PaLoRA App. D: α grid {1, 2, 5, 10}")),
         "rays": HParam(0, "M rays (forward passes) per batch; 0 = 5 for 2 tasks, 10 for 3, else the "
                        "vertices+edge-midpoints grid; deterministic schedules need an even-grid size",
                        non_negative, "an integer >= 0", kind=int),
         "temperature": HParam(1.0, "annealing temperature Q of Eq. 3 (paper grid 1, 2, 5; 1 ends on the grid)",
-                              positive),
+                              positive, search=SearchRange("categorical", choices=(1.0, 2.0, 5.0),
+                                                           source="PaLoRA App. D: Q grid {1, 2, 5}")),
         "schedule": HParam("annealed", "preference schedule: annealed (rays move linearly from the centre to "
                            "Eq. 3's end point g_{1,Q}, Fig. 11), annealed-eq3 (Eq. 3 literally; rays with a zero "
                            "component jump at the first step), deterministic (g_{1,Q}, no "
@@ -208,8 +212,6 @@ class PaLoRA(Method):
     def front_due(self, epoch: int, epochs: int, select: str) -> bool:
         """Whether the front is evaluated after ``epoch``: every ``front_every`` epochs and in every epoch
         the selection rule averages (so the final front always exists)."""
-        from mtlflow.metrics.selection import parse_selection
-
         _, window = parse_selection(select)
         every = self.hp["front_every"]
         return epoch > epochs - window or (every > 0 and epoch % every == 0)

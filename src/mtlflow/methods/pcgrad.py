@@ -20,7 +20,7 @@ gradients. Nash-MTL's code does not clip; the trainer clips (when asked) after t
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

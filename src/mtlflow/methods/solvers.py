@@ -7,7 +7,7 @@
   ``scipy.optimize.least_squares``, residual-checked; :func:`stationarity_margin` tells beforehand
   whether the gradients are Pareto-stationary (then no root exists).
 
-Every Gramian goes through :func:`mtlflow.methods._numerics.gramian_array` (float64, finite, PSD).
+Every Gramian goes through :func:`mtlflow.core.numerics.gramian_array` (float64, finite, PSD).
 
 A missing solver raises :class:`~mtlflow.core.errors.SolverError`; a failed solve is never swallowed.
 """
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.errors import SolverError
-from mtlflow.methods._numerics import gramian_array
+from mtlflow.core.numerics import gramian_array
 
 
 def _as_numpy(gramian: Tensor) -> np.ndarray:

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from mtlflow.core.hparams import HParam, non_negative, positive
-from mtlflow.methods._numerics import cpu_float64
+from mtlflow.core.numerics import cpu_float64
 from mtlflow.methods._support import min_losses_hparam, shifted_losses
 from mtlflow.methods.base import LossWeighting
 

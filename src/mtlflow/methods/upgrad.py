@@ -35,7 +35,7 @@ Solvers (``solver``):
   the property on full-rank Gramians but makes quadprog fail on singular ones (a duplicate task).
   Both solvers take ~0.9 ms for K = 10.
 
-Float64 throughout (:mod:`mtlflow.methods._numerics`).
+Float64 throughout (:mod:`mtlflow.core.numerics`).
 
 Scale: d is on the scale of the mean gradient; the trainer multiplies it by K (TorchJD does not:
 ``--hp scale_convention=reference``).
@@ -49,7 +49,7 @@ from torch import Tensor
 
 from mtlflow.core.errors import SolverError
 from mtlflow.core.hparams import HParam, non_negative, one_of
-from mtlflow.methods._numerics import gramian_array, one_blas_thread, psd_factor
+from mtlflow.core.numerics import gramian_array, one_blas_thread, psd_factor
 from mtlflow.methods.base import GramianWeighting
 
 
@@ -90,7 +90,7 @@ def upgrad_weights_exact(gramian: np.ndarray) -> np.ndarray:
         return weights
     n = norms[active]
     r_t = psd_factor(gramian[np.ix_(active, active)] / np.outer(n, n)).T     # C = R Rᵀ
-    for position, task in enumerate(active):
+    for position in range(len(active)):
         # lower bound e_i in unit-row variables; the QP is homogeneous, so the bound ‖g_i‖/K scales v
         v, _ = nnls(r_t, -r_t[:, position])     # z, then v = e_i + z
         v[position] += 1.0

@@ -9,12 +9,14 @@ threshold as :class:`~mtlflow.metrics.classification.BinaryAccuracy`). Samples w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from mtlflow.metrics.task import TaskSpec
+from mtlflow.metrics.classification import BinaryAccuracy, BinaryF1, MaskedAccuracy, RocAuc, valid_label_mask
+from mtlflow.metrics.task import Accuracy, TaskSpec
 
 if TYPE_CHECKING:
     from mtlflow.benchmarks.base import Benchmark
@@ -25,9 +27,6 @@ MULTICLASS, BINARY = "multiclass", "binary"
 
 def classification_kind(task: TaskSpec) -> str | None:
     """``multiclass``, ``binary`` or None (no confusion matrix) from the task's metrics."""
-    from mtlflow.metrics.classification import BinaryAccuracy, BinaryF1, MaskedAccuracy, RocAuc
-    from mtlflow.metrics.task import Accuracy
-
     if any(issubclass(m, (Accuracy, MaskedAccuracy)) for m in task.metrics):
         return MULTICLASS
     if any(issubclass(m, (BinaryAccuracy, BinaryF1, RocAuc)) for m in task.metrics):
@@ -48,8 +47,6 @@ class ConfusionCounter:
             mask = target >= 0
             predicted, true = pred.argmax(dim=-1)[mask], target[mask].long()
         else:
-            from mtlflow.metrics.classification import valid_label_mask
-
             n_classes = 2
             logits = pred.reshape(target.shape)
             mask = valid_label_mask(target)
@@ -82,7 +79,7 @@ def confusion_matrices(model: MultiTaskModel, bench: Benchmark, dataset, tasks: 
         inputs, targets = bench.unpack(batch)
         inputs = inputs.to(device) if hasattr(inputs, "to") else inputs
         preds = model(inputs)
-        for task, pred, idx in zip(tasks, preds, target_index):
+        for task, pred, idx in zip(tasks, preds, target_index, strict=True):
             if task.name in counters:
                 counters[task.name].update(pred.float(), targets[idx].to(device))
     model.train(was_training)

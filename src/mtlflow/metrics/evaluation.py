@@ -12,6 +12,10 @@ evaluated on the same split are paired example by example):
   (ROC-AUC, F1, mIoU, R², RMSE, a median) the primary metric has no per-example value and the
   example's loss is the paired statistic.
 
+A task whose primary metric is ROC-AUC also keeps ``positives`` and ``negatives``: the example's present labels
+of each class, so that the comparison can size the test split's sampling error of the AUC (Hanley & McNeil
+1982) without the labels.
+
 An example without a label for a task (a missing label: NaN or negative, see
 :func:`mtlflow.metrics.classification.valid_label_mask`; a NaN regression target) is NaN in both,
 never 0: the masked losses return 0 for a batch without labels, which would count as a perfect
@@ -24,8 +28,9 @@ from __future__ import annotations
 import math
 import os
 import zipfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -33,6 +38,7 @@ from torch.utils.data import Dataset
 
 from mtlflow.core import atomic
 from mtlflow.core.errors import DataError
+from mtlflow.metrics.classification import valid_label_mask
 from mtlflow.metrics.task import CountingAccuracy, Metric, StreamingMean, TaskSpec
 
 if TYPE_CHECKING:
@@ -106,7 +112,9 @@ def _evaluate(model, bench, dataset, tasks, target_index, batch_size, device, ke
     model.eval()
     metrics = {t.name: [m() for m in t.metrics] for t in tasks}
     loss_sum = {t.name: 0.0 for t in tasks}
-    examples: dict[str, dict[str, list[float]]] = {t.name: {"loss": [], "error": []} for t in tasks}
+    examples: dict[str, dict[str, list[float]]] = {
+        t.name: {"loss": [], "error": [], **({"positives": [], "negatives": []} if t.primary == "roc_auc" else {})}
+        for t in tasks}
     error_metric = {t.name: _per_example_metric(t) for t in tasks}
     presence_metric = {t.name: _presence_metric(t) for t in tasks}
     count = 0
@@ -117,7 +125,7 @@ def _evaluate(model, bench, dataset, tasks, target_index, batch_size, device, ke
         preds = model(inputs)
         n = _batch_len(targets[0])
         count += n
-        for task, pred, idx in zip(tasks, preds, target_index):
+        for task, pred, idx in zip(tasks, preds, target_index, strict=True):
             target = _to(targets[idx], device)
             loss_sum[task.name] += float(task.loss(pred, target)) * n
             for metric in metrics[task.name]:
@@ -141,12 +149,17 @@ def _keep_examples(task: TaskSpec, pred, target, n: int, error_metric: type[Metr
         if counter is not None:
             counter.update(p, y)
             if _counted(counter) == 0:
-                out["loss"].append(math.nan)
-                out["error"].append(math.nan)
+                for values in out.values():  # loss, error (and a ROC-AUC task's class counts)
+                    values.append(math.nan)
                 continue
         loss = float(task.loss(p, y))
         out["loss"].append(loss)
         out["error"].append(_example_error(counter) if error_metric is not None else loss)
+        if "positives" in out:  # the classes of the example's present labels (a ROC-AUC's sampling error)
+            present = valid_label_mask(y)
+            positive = int((y[present] > 0.5).sum())
+            out["positives"].append(float(positive))
+            out["negatives"].append(float(int(present.sum()) - positive))
 
 
 def examples_path(evaluation_file: str | os.PathLike) -> Path:

@@ -36,10 +36,18 @@ Precipice*, NeurIPS 2021, taken over paired test examples instead of runs). 0.5 
 
 **The gate** (:func:`gate`): promote the candidate only when it is *better* on the combined score
 (interval entirely below 0), *by at least* ``min_improvement`` (``-mean difference >= min_improvement``,
-in the score's units), and *worse on no task* at the corrected level. A false promotion needs the
+in the score's units; refused when not below the champion's score, which no candidate can beat by more),
+and *non-inferior on every task*: the upper bound of the task's error difference at the corrected level
+is at most the task's margin (``margins``, in the task's per-example error units; by default
+:data:`DEFAULT_RELATIVE_MARGIN` = 10 % of the champion's mean error on the task). "Not shown worse" is not
+"not worse": a candidate whose interval on a task reaches beyond the margin is kept, even when the
+interval includes 0, because the split cannot exclude a regression larger than the margin. The decision
+names every condition that failed and the smallest difference the split could detect (each interval's
+half-width; about ``n (half-width / margin)^2`` examples resolve a margin). A false promotion needs the
 combined interval to miss the true difference on the wrong side, which happens with probability about
 ``α/2`` for two models that are equally good (the bootstrap's coverage is approximate); the per-task
-checks only block.
+checks only block (a candidate truly worse than the margin on a task passes with probability at most
+``α/(2K)`` for that task).
 
 **Two methods of a sweep** (:func:`compare_methods`, the ``paired`` entry of each comparison in
 ``results.json``): a method is trained with several seeds, each evaluated on the same test split.
@@ -55,8 +63,9 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -261,6 +270,47 @@ def compare_methods(first: Mapping[str, Sequence[np.ndarray]], second: Mapping[s
                              statistics, confidence, n_resamples, seed)
 
 
+#: the default non-inferiority margin of a task: this share of the baseline's mean per-example error on it
+DEFAULT_RELATIVE_MARGIN = 0.1
+
+
+def default_margins(baseline: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """The default non-inferiority margin per task: :data:`DEFAULT_RELATIVE_MARGIN` of the baseline's mean
+    per-example error on the task (the candidate may be at most 10 % worse than the champion on a task)."""
+    return {t: DEFAULT_RELATIVE_MARGIN * float(np.nanmean(np.asarray(v, dtype=np.float64))) for t, v in baseline.items()}
+
+
+def check_margins(margins: Mapping[str, float], tasks: Sequence[str]) -> None:
+    """Margins name known tasks and are finite numbers >= 0 (in the task's per-example error units)."""
+    unknown = sorted(set(margins) - set(tasks))
+    if unknown:
+        raise InvalidParameterError(f"non_inferiority_margin names task(s) {', '.join(unknown)} that the models do "
+                                    f"not have ({', '.join(sorted(tasks))}); fix the task names")
+    bad = {t: m for t, m in margins.items() if isinstance(m, bool) or not isinstance(m, (int, float))
+           or not math.isfinite(m) or m < 0}
+    if bad:
+        raise InvalidParameterError(f"non_inferiority_margin of {', '.join(bad)} must be a finite number >= 0 in the "
+                                    f"task's error units, got {', '.join(repr(v) for v in bad.values())}")
+
+
+def check_min_improvement(min_improvement: float, baseline: Mapping[str, np.ndarray]) -> None:
+    """``min_improvement`` is a finite number >= 0 below the baseline's score on the split (the mean over tasks
+    of its mean per-example error): per-example errors are >= 0, so no candidate lowers the score by more."""
+    if isinstance(min_improvement, bool) or not math.isfinite(min_improvement) or min_improvement < 0:
+        raise InvalidParameterError(f"min_improvement must be a finite number >= 0, got {min_improvement}")
+    reachable = float(np.mean([np.nanmean(np.asarray(v, dtype=np.float64)) for v in baseline.values()]))
+    if min_improvement > 0 and min_improvement >= reachable:
+        raise InvalidParameterError(f"min_improvement {min_improvement:g} is not below the champion's score "
+                                    f"{reachable:.4g} on the split, so no candidate could be promoted; use a value "
+                                    "below it")
+
+
+def resolution(difference: PairedDifference) -> float:
+    """The smallest mean difference the split could detect at the interval's confidence: the interval's
+    half-width (a true difference of that size puts the interval's edge at 0, on average)."""
+    return 0.5 * (difference.high - difference.low)
+
+
 @dataclass(frozen=True)
 class GateDecision:
     """The retrain gate's decision and everything it was based on."""
@@ -273,44 +323,81 @@ class GateDecision:
     task_confidence: float
     combined: PairedDifference
     tasks: dict[str, PairedDifference]
+    margins: dict[str, float]
+    margin_rule: dict[str, str]
+    failed: tuple[str, ...]
+
+    @property
+    def non_inferior(self) -> dict[str, bool]:
+        """Per task: the upper bound of the error difference at the corrected level is at most the margin."""
+        return {t: d.high <= self.margins[t] for t, d in self.tasks.items()}
+
+    @property
+    def resolution(self) -> dict[str, float]:
+        """The smallest difference the split could detect, per task and for the score (``all``)."""
+        return {"all": resolution(self.combined), **{t: resolution(d) for t, d in self.tasks.items()}}
 
     def as_dict(self) -> dict[str, Any]:
         return {"promote": self.promote, "reason": self.reason, "rule": self.rule,
                 "min_improvement": self.min_improvement, "confidence": self.confidence,
                 "task_confidence": self.task_confidence, "combined": self.combined.as_dict(),
-                "tasks": {t: d.as_dict() for t, d in self.tasks.items()}}
+                "tasks": {t: d.as_dict() for t, d in self.tasks.items()}, "margins": dict(self.margins),
+                "margin_rule": dict(self.margin_rule), "non_inferior": self.non_inferior,
+                "resolution": self.resolution, "failed": list(self.failed)}
 
 
 RULE = ("promote when the candidate is better on the mean over tasks of the per-example error difference "
         "(paired bootstrap interval over test examples at {confidence:g} % entirely below 0), improves it by "
-        "at least min_improvement={min_improvement:g}, and is worse on no task (per-task intervals at "
-        "{task_confidence:g} %, Bonferroni over {tasks} task(s))")
+        "at least min_improvement={min_improvement:g}, and is non-inferior on every task: the upper bound of "
+        "its per-task error difference (intervals at {task_confidence:g} %, Bonferroni over {tasks} task(s)) at "
+        "most the task's non_inferiority_margin (default: {relative:g} of the champion's mean error on the task)")
+
+
+def _reason(failed: Sequence[str], decision_parts: Mapping[str, str]) -> str:
+    if not failed:
+        return f"candidate better and non-inferior on every task: {decision_parts['interval']}"
+    return "; ".join(decision_parts[f] for f in failed) + f" ({decision_parts['interval']})"
 
 
 def gate(candidate: Mapping[str, np.ndarray], baseline: Mapping[str, np.ndarray], min_improvement: float = 0.0,
          statistics: Mapping[str, str] | None = None, confidence: float = CONFIDENCE,
-         n_resamples: int = N_RESAMPLES, seed: int = SEED) -> GateDecision:
+         n_resamples: int = N_RESAMPLES, seed: int = SEED,
+         margins: Mapping[str, float] | None = None) -> GateDecision:
     """Decide whether ``candidate`` replaces ``baseline`` from their per-example errors per task on one
-    split (see the module docstring for the rule); ``statistics`` names each task's per-example error."""
-    if min_improvement < 0 or not math.isfinite(min_improvement):
-        raise InvalidParameterError(f"min_improvement must be a finite number >= 0, got {min_improvement}")
+    split (see the module docstring for the rule); ``statistics`` names each task's per-example error,
+    ``margins`` each task's non-inferiority margin (the default rule, :func:`default_margins`, for the others)."""
     tasks = sorted(candidate)
+    check_min_improvement(min_improvement, baseline)
+    check_margins(margins or {}, tasks)
+    chosen = {**default_margins(baseline), **{t: float(m) for t, m in (margins or {}).items()}}
+    margin_rule = {t: "given" if t in (margins or {}) else f"default: {DEFAULT_RELATIVE_MARGIN:g} of the champion's "
+                   "mean error" for t in tasks}
     comparison = paired_comparison(candidate, baseline, statistics, confidence, n_resamples, seed)
     task_confidence, combined, per_task = comparison.task_confidence, comparison.combined, comparison.tasks
-    worse = [t for t, d in per_task.items() if d.verdict == "worse"]
+    inferior = [t for t, d in per_task.items() if d.high > chosen[t]]
     improvement = -combined.mean_difference
-    better = combined.verdict == "better"
-    promote = better and improvement >= min_improvement and not worse
-    interval = (f"score change {combined.mean_difference:+.4f} [{combined.low:+.4f}, {combined.high:+.4f}] "
-                f"at {100 * confidence:g} % over n={combined.n} paired test examples")
-    if promote:
-        reason = f"candidate better: {interval}, improvement {improvement:.4f} >= {min_improvement:g}"
-    elif worse:
-        reason = f"candidate worse on task(s) {', '.join(worse)} at {100 * task_confidence:g} %; {interval}"
-    elif not better:
-        reason = f"not better with confidence ({combined.verdict}): {interval}"
-    else:
-        reason = f"better but by less than min_improvement {min_improvement:g}: {interval}"
+    failed = tuple(name for name, fails in (("not better", combined.verdict != "better"),
+                                            ("too small", improvement < min_improvement),
+                                            ("not non-inferior", bool(inferior))) if fails)
+    parts = {
+        "interval": (f"score change {combined.mean_difference:+.4f} [{combined.low:+.4f}, {combined.high:+.4f}] at "
+                     f"{100 * confidence:g} % over n={combined.n} paired test examples; smallest detectable "
+                     f"difference {resolution(combined):.4f}"),
+        "not better": f"not better with confidence ({combined.verdict})",
+        "too small": f"improvement {improvement:+.4f} below min_improvement {min_improvement:g}",
+        "not non-inferior": "not shown non-inferior on task(s) " + ", ".join(
+            f"{t} (upper bound {per_task[t].high:+.4f} > margin {chosen[t]:.4f} at {100 * task_confidence:g} %"
+            + (f"; the split resolves only {resolution(per_task[t]):.4f}: about "
+               f"{_examples_to_resolve(per_task[t], chosen[t])} test examples would resolve the margin"
+               if resolution(per_task[t]) > chosen[t] else "") + ")" for t in inferior)}
     rule = RULE.format(confidence=100 * confidence, min_improvement=min_improvement,
-                       task_confidence=100 * task_confidence, tasks=len(tasks))
-    return GateDecision(promote, reason, rule, float(min_improvement), confidence, task_confidence, combined, per_task)
+                       task_confidence=100 * task_confidence, tasks=len(tasks), relative=DEFAULT_RELATIVE_MARGIN)
+    return GateDecision(not failed, _reason(failed, parts), rule, float(min_improvement), confidence, task_confidence,
+                        combined, per_task, chosen, margin_rule, failed)
+
+
+def _examples_to_resolve(difference: PairedDifference, margin: float) -> str:
+    """About how many paired examples an interval as narrow as ``margin`` needs (the width shrinks as 1/sqrt(n))."""
+    if margin <= 0:
+        return "no number of"
+    return f"{math.ceil(difference.n * (resolution(difference) / margin) ** 2):,}"

@@ -17,11 +17,12 @@ at 95 % (:func:`confident_pareto_mask`) and the interval of the mean rank (:func
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from mtlflow.core.errors import InvalidParameterError
+from mtlflow.metrics.intervals import bootstrap_interval, difference_interval
 
 MetricTable = Mapping[str, Mapping[str, float]]          # task -> metric -> value
 Specs = Mapping[str, Mapping[str, Mapping[str, bool]]]   # task -> metric -> {"higher_is_better": ...}
@@ -95,7 +96,7 @@ def mean_rank(results: Mapping[str, MetricTable], specs: Specs,
         ranks = rank_with_ties([results[name][task][metric] for name in methods],
                                specs[task][metric]["higher_is_better"])
         totals += ranks
-    return {name: float(total / len(columns)) for name, total in zip(methods, totals)}
+    return {name: float(total / len(columns)) for name, total in zip(methods, totals, strict=True)}
 
 
 def pareto_mask(points: Sequence[Sequence[float]]) -> list[bool]:
@@ -156,8 +157,6 @@ def confident_pareto_mask(per_seed_errors: Sequence[Sequence[Sequence[float]]]) 
     at 95 % is an intersection-union test, so its level is 95 % without a multiple-comparison correction.
     With one seed on either side there is no interval, so nothing is dominated with confidence.
     """
-    from mtlflow.metrics.intervals import difference_interval
-
     seeds = [np.asarray(e, dtype=float) for e in per_seed_errors]
     n = len(seeds)
 
@@ -180,7 +179,6 @@ def mean_rank_interval(per_seed_values: Mapping[str, np.ndarray],
     None when a method has a single seed (no interval)."""
     from scipy.stats import rankdata
 
-    from mtlflow.metrics.intervals import bootstrap_interval
 
     methods = list(per_seed_values)
     if len(methods) < 2 or any(len(per_seed_values[m]) < 2 for m in methods):
@@ -190,8 +188,8 @@ def mean_rank_interval(per_seed_values: Mapping[str, np.ndarray],
 
     def ranks(*seed_indices: np.ndarray, axis: int = -1) -> np.ndarray:
         # seed_indices[m]: (..., resamples, seeds of m) -> means (methods, ..., resamples, columns)
-        means = np.stack([o[idx.astype(int)].mean(axis=-2) for o, idx in zip(oriented, seed_indices)])
+        means = np.stack([o[idx.astype(int)].mean(axis=-2) for o, idx in zip(oriented, seed_indices, strict=True)])
         return rankdata(means, axis=0).mean(axis=-1)  # (methods, ..., resamples)
 
     low, high = bootstrap_interval([np.arange(len(o), dtype=float) for o in oriented], ranks)
-    return {m: (float(lo), float(hi)) for m, lo, hi in zip(methods, low, high)}
+    return {m: (float(lo), float(hi)) for m, lo, hi in zip(methods, low, high, strict=True)}

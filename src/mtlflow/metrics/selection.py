@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.metrics.task import metric_error
@@ -75,3 +76,21 @@ def select_final(history: list[dict[str, Any]], rule: str) -> dict[str, dict[str
         for task, values in window[-1]["splits"][split].items():
             final[split][task] = {m: statistics.fmean(e["splits"][split][task][m] for e in window) for m in values}
     return final
+
+
+#: the fewest validation rows on which the validation score can rank epochs (the threshold below which
+#: ``mtlflow tune`` warns that a split cannot rank configurations is the same rule). A proportion's 95 % binomial
+#: interval on n rows is 1.96·sqrt(p(1 - p) / n): up to ±9.8 points at n = 100 -- wider than the change of the
+#: score between epochs once a run has learned anything -- so on fewer rows the "best" epoch, and whether the
+#: curve stopped improving, is chosen by which rows landed in the split rather than by the model
+MIN_VAL_ROWS_TO_RANK_EPOCHS = 100
+
+
+def val_split_too_small(val_rows: int | None) -> str:
+    """'' when a validation split of ``val_rows`` rows can rank epochs (or its size is unknown), else the warning a
+    run reports instead of calling itself converged (:data:`MIN_VAL_ROWS_TO_RANK_EPOCHS`)."""
+    if val_rows is None or val_rows >= MIN_VAL_ROWS_TO_RANK_EPOCHS:
+        return ""
+    return (f"validation split too small to select epochs ({val_rows} rows, fewer than "
+            f"{MIN_VAL_ROWS_TO_RANK_EPOCHS}): its best epoch and its convergence are noise; give the validation "
+            "split more rows (a spec's split:)")

@@ -6,8 +6,9 @@ is better is part of the metric, so Δm%, mean rank and hypervolume can orient e
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 from torch import Tensor
 

@@ -15,8 +15,8 @@ adds nothing to that task's loss or metrics:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor

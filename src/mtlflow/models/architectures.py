@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import Dataset, Subset
@@ -28,6 +29,7 @@ from mtlflow.core.errors import InvalidParameterError
 from mtlflow.core.hparams import HParam, resolve_architecture_options
 from mtlflow.core.registry import Registry, described
 from mtlflow.models.base import MultiTaskModel
+from mtlflow.models.normal import OPTIONS, NormalModel, resolve_options
 
 if TYPE_CHECKING:
     from mtlflow.benchmarks.base import Benchmark
@@ -79,7 +81,6 @@ def options_of(name: str) -> dict[str, HParam]:
                 for p in list(inspect.signature(factory).parameters.values())[2:] if p.default is not p.empty}
     if name == "hps":
         return {}
-    from mtlflow.models.normal import OPTIONS
 
     return dict(OPTIONS)
 
@@ -93,7 +94,6 @@ def resolve(name: str, options: dict[str, Any] | None) -> dict[str, Any]:
             raise InvalidParameterError(f"architecture 'hps' takes no options, got {', '.join(sorted(options))}; "
                                         "use --architecture normal for NORMAL's options")
         return {}
-    from mtlflow.models.normal import resolve_options
 
     return resolve_options(options)
 
@@ -146,7 +146,6 @@ def build_model(bench: Benchmark, task_names: Sequence[str], name: str = "hps",
         return base
     if probe is None:
         raise InvalidParameterError("architecture 'normal' needs training data to size its ODE")
-    from mtlflow.models.normal import NormalModel
 
     return NormalModel(base, feature_shape(bench, base, probe), resolved)
 
@@ -165,7 +164,6 @@ def rebuild_model(bench: Benchmark, task_names: Sequence[str], spec: dict[str, A
     base = bench.make_model(list(task_names))
     if not spec or spec.get("name", "hps") == "hps":
         return base
-    from mtlflow.models.normal import NormalModel
 
     return NormalModel(base, spec["feature_shape"], spec["options"])
 

@@ -6,7 +6,8 @@ definition of "shared" used by the gradient engine, COST and PaLoRA.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from torch import Tensor, nn
 

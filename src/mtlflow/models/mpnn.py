@@ -18,7 +18,7 @@ inputs are sums of per-column embeddings instead of the linear layer and raw edg
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn

@@ -9,7 +9,7 @@ single-task reference) reads only those tasks' inputs (``input_index``).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn

@@ -53,7 +53,8 @@ parameters in total (:func:`matched_task_hidden`; the per-task stacks are task p
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -263,7 +264,7 @@ class NormalTrunk(nn.Module):
         else:  # every task starts from its own input's features and reads its own position
             states = [solve_at(self.field, self._initial_state(z0[i]), [t], self.solver, self.step_size,
                                self.adjoint)[0] for i, t in enumerate(times)]
-        return torch.stack([self._read(state, t) for state, t in zip(states, times)])
+        return torch.stack([self._read(state, t) for state, t in zip(states, times, strict=True)])
 
 
 class TaskPositionHead(nn.Module):
@@ -301,7 +302,8 @@ class NormalModel(MultiTaskModel):
                                         "give one number or one per task")
         trunk = NormalTrunk(base.trunk, feature_shape, options, getattr(base, "input_index", None), n_tasks)
         learn = options["learn_positions"] and options["replace_ode"] == "none"  # without the ODE p_i does nothing
-        heads = [TaskPositionHead(head, p, options["position_param"], learn) for head, p in zip(base.heads, initial)]
+        heads = [TaskPositionHead(head, p, options["position_param"], learn)
+                 for head, p in zip(base.heads, initial, strict=True)]
         super().__init__(trunk, heads, base.task_names)
         # the new ODE field, velocity map and positions take the base model's dtype: a float64 benchmark
         # (toy, asmg-synthetic) must not feed float64 features into float32 layers

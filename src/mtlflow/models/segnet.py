@@ -23,7 +23,7 @@ COST's LoRA lands on task modules, which the COST paper does not do (Fig. 4: LoR
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -86,7 +86,7 @@ class SegNetBackbone(nn.Module):
     def run(self, x: Tensor) -> dict[str, list[Tensor]]:
         enc_first, enc_last, indices, sizes = [], [], [], []
         h = x
-        for first, rest in zip(self.enc_first, self.enc_rest):
+        for first, rest in zip(self.enc_first, self.enc_rest, strict=True):
             a = first(h)
             b = rest(a)
             enc_first.append(a)
@@ -95,7 +95,7 @@ class SegNetBackbone(nn.Module):
             h, idx = F.max_pool2d(b, 2, 2, return_indices=True)
             indices.append(idx)
         unpooled, dec_last = [], []
-        for k, (first, rest) in enumerate(zip(self.dec_first, self.dec_rest)):
+        for k, (first, rest) in enumerate(zip(self.dec_first, self.dec_rest, strict=True)):
             up = F.max_unpool2d(h, indices[4 - k], 2, 2, output_size=sizes[4 - k])
             h = rest(first(up))
             unpooled.append(up)

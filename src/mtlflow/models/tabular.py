@@ -3,7 +3,7 @@ vectors concatenated with the numeric features, then the MLP (:class:`mtlflow.mo
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -25,7 +25,7 @@ class EmbeddingMLPTrunk(nn.Module):
         if len(cardinalities) != len(dims):
             raise ValueError(f"{len(cardinalities)} categorical columns but {len(dims)} embedding widths")
         self.numeric_width = numeric_width
-        self.embeddings = nn.ModuleList(nn.Embedding(n + 1, d) for n, d in zip(cardinalities, dims))
+        self.embeddings = nn.ModuleList(nn.Embedding(n + 1, d) for n, d in zip(cardinalities, dims, strict=True))
         self.mlp = MLPTrunk(numeric_width + sum(dims), widths, dropout)
         self.out_features = self.mlp.out_features
 

@@ -18,19 +18,25 @@ inside a component container that has no repository checkout.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
+import logging
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
 from mtlflow.config.data import check_dir_hash
+from mtlflow.core import atomic
 from mtlflow.core.errors import DataError, InvalidParameterError
+from mtlflow.core.locks import file_lock
+from mtlflow.core.outputs import check_output_dir
 
 #: Environment variable naming the remote when no explicit URL is given (set from the Secret on the cluster).
 REMOTE_ENV = "MTLFLOW_DVC_REMOTE"
@@ -97,8 +103,6 @@ def git_revision() -> str:
 def _quiet_dvc() -> Iterator[None]:
     """DVC reports progress on stdout and through its logger; keep both out of the caller's output
     (the CLI prints JSON, components print their own lines)."""
-    import logging
-
     # DVC's failures are re-raised as one-line DataErrors, so its own log lines would only repeat them
     loggers = [logging.getLogger(name) for name in ("dvc", "dvc_data", "dvc_objects", "scmrepo")]
     levels = [logger.level for logger in loggers]
@@ -108,7 +112,7 @@ def _quiet_dvc() -> Iterator[None]:
         with contextlib.redirect_stdout(io.StringIO()):
             yield
     finally:
-        for logger, level in zip(loggers, levels):
+        for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
 
 
@@ -159,7 +163,6 @@ def _push_lock(remote_dir: Path | None) -> Iterator[None]:
     if remote_dir is None:
         yield
         return
-    from mtlflow.engine.distributed import file_lock
 
     with file_lock(remote_dir / ".mtlflow-push.lock"):
         yield
@@ -169,8 +172,6 @@ def remove_transfer_leftovers(remote_dir: str | os.PathLike) -> list[Path]:
     """Delete the ``files/md5/.<random>.tmp`` files that ``dvc add --to-remote`` leaves in a local
     remote (full copies of every transferred file, a known DVC bug): each is deleted only if the object
     it copies -- same md5 -- is stored, so nothing the remote needs is lost."""
-    import hashlib
-
     removed = []
     objects = Path(remote_dir) / "files" / "md5"
     for tmp in objects.glob(".*.tmp") if objects.is_dir() else []:
@@ -214,8 +215,6 @@ def pull_dataset(dvc_hash: str, remote_url: str, out_dir: str | os.PathLike,
     ``cache_dir`` (e.g. on a PVC) keeps fetched objects between pulls; without it a temporary cache
     is used. ``out_dir`` appears only once the complete, verified version is there.
     """
-    from mtlflow.core.outputs import check_output_dir
-
     check_dir_hash(dvc_hash)
     out_dir = check_output_dir(out_dir, "--out").resolve()
     if out_dir.exists() and any(out_dir.iterdir()):
@@ -249,8 +248,6 @@ def version_metadata(data_dir: str | os.PathLike, remote_url: str | None) -> dic
 
 def file_md5(path: str | os.PathLike) -> str:
     """DVC's hash of a single file (``md5`` in ``dvc.lock``): the MD5 of its bytes."""
-    import hashlib
-
     with open(path, "rb") as fh:
         return hashlib.file_digest(fh, "md5").hexdigest()
 
@@ -260,7 +257,6 @@ def locked_md5(lock: str | os.PathLike, stage: str, out: str) -> str | None:
     lock = Path(lock)
     if not lock.is_file():
         return None
-    from mtlflow.core import atomic
 
     entry = ((atomic.read_yaml(lock, "dvc.lock") or {}).get("stages") or {}).get(stage) or {}
     return next((o.get("md5") for o in entry.get("outs") or [] if o.get("path") == out), None)

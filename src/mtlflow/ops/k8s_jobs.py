@@ -37,8 +37,10 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
 
 from mtlflow.config.cluster import ClusterProfile
 from mtlflow.config.pipeline import JOB_KINDS
@@ -295,22 +297,31 @@ def _get(api: Any, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
                              f"{_api_error(exc)}") from None
 
 
+def delete_and_wait(api: Any, ref: Sequence[str], read: Callable[[], Any], what: str, error: type[Exception], *,
+                    propagation: str, delete_hint: str, finalizer_hint: str, timeout_seconds: float,
+                    poll_seconds: float, sleep: Callable[[float], None], clock: Callable[[], float]) -> None:
+    """Delete the custom object at ``ref`` and wait until ``read()`` finds it gone (a missing object is fine);
+    a refused deletion or one that does not finish in time raises ``error`` naming ``what`` and the hint."""
+    try:
+        api.delete_namespaced_custom_object(*ref, propagation_policy=propagation)
+    except Exception as exc:
+        if getattr(exc, "status", None) != 404:
+            raise error(f"could not delete {what}: {_api_error(exc)}; {delete_hint}") from None
+    deadline = clock() + timeout_seconds
+    while read() is not None:
+        if clock() >= deadline:
+            raise error(f"{what} was still there {timeout_seconds:.0f} s after its deletion; {finalizer_hint}")
+        sleep(poll_seconds)
+
+
 def delete_job(manifest: Mapping[str, Any], api: Any, timeout_seconds: float = 300.0, poll_seconds: float = 2.0,
                sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
     """Delete the job (its JobSet and pods go with it) and wait until it is gone; a missing job is fine."""
     kind, (_, _, namespace, _, name) = manifest["kind"], _ref(manifest)
-    try:
-        api.delete_namespaced_custom_object(*_ref(manifest), propagation_policy="Background")
-    except Exception as exc:
-        if getattr(exc, "status", None) != 404:
-            raise JobFailedError(f"could not delete {kind} {namespace}/{name}: {_api_error(exc)}; it holds the "
-                                 "namespace's TrainJob quota until deleted (kubectl delete it)") from None
-    deadline = clock() + timeout_seconds
-    while _get(api, manifest) is not None:
-        if clock() >= deadline:
-            raise JobFailedError(f"{kind} {namespace}/{name} was still there {timeout_seconds:.0f} s after its "
-                                 "deletion; check its finalizers")
-        sleep(poll_seconds)
+    delete_and_wait(api, _ref(manifest), lambda: _get(api, manifest), f"{kind} {namespace}/{name}", JobFailedError,
+                    propagation="Background", finalizer_hint="check its finalizers",
+                    delete_hint="it holds the namespace's TrainJob quota until deleted (kubectl delete it)",
+                    timeout_seconds=timeout_seconds, poll_seconds=poll_seconds, sleep=sleep, clock=clock)
 
 
 def run_job(manifest: Mapping[str, Any], api: Any, timeout_seconds: float = 24 * 3600, poll_seconds: float = 30.0,
@@ -379,18 +390,12 @@ def launcher_owner(core_api: Any, namespace: str, pod_name: str | None = None,
 
 
 @contextlib.contextmanager
-def deleted_on_termination(manifest: Mapping[str, Any], api: Any,
-                           log: Callable[[str], None] = print) -> Iterator[None]:
-    """While the launcher waits for its job: on SIGTERM (the run was cancelled, or the task timed out and
-    the pod is stopped) delete the job, so its GPUs are freed, then exit with 143 as a terminated process."""
-    kind, (_, _, namespace, _, name) = manifest["kind"], _ref(manifest)
+def on_termination(cleanup: Callable[[], None]) -> Iterator[None]:
+    """While the block runs: on SIGTERM (the run was cancelled, or the task timed out and the pod is stopped)
+    run ``cleanup``, then exit with 143 as a terminated process."""
 
     def terminate(signum: int, frame: Any) -> None:
-        log(f"terminated: deleting {kind} {namespace}/{name}")
-        try:
-            delete_job(manifest, api, timeout_seconds=20.0, poll_seconds=1.0)
-        except JobFailedError as exc:
-            log(str(exc))
+        cleanup()
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, terminate)
@@ -398,6 +403,21 @@ def deleted_on_termination(manifest: Mapping[str, Any], api: Any,
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def deleted_on_termination(manifest: Mapping[str, Any], api: Any,
+                           log: Callable[[str], None] = print) -> contextlib.AbstractContextManager[None]:
+    """While the launcher waits for its job: on SIGTERM delete the job, so its GPUs are freed, then exit 143."""
+    kind, (_, _, namespace, _, name) = manifest["kind"], _ref(manifest)
+
+    def delete() -> None:
+        log(f"terminated: deleting {kind} {namespace}/{name}")
+        try:
+            delete_job(manifest, api, timeout_seconds=20.0, poll_seconds=1.0)
+        except JobFailedError as exc:
+            log(str(exc))
+
+    return on_termination(delete)
 
 
 def _over_quota(exc: Exception) -> bool:
@@ -436,8 +456,6 @@ def _create_when_the_quota_admits(manifest: Mapping[str, Any], api: Any, deadlin
 
 def current_namespace(default: str = "default") -> str:
     """The namespace of the pod this runs in (service-account mount), else ``default``."""
-    from pathlib import Path
-
     path = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
     return path.read_text().strip() if path.is_file() else default
 

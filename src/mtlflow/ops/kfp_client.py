@@ -1,11 +1,12 @@
 """Submitting compiled pipelines to a Kubeflow Pipelines API server: one run (CI-triggered
 retraining) or a recurring run (nightly sweeps), through ``kfp.Client``.
 
-Parameters are validated and the pipeline compiled *before* any request is sent, so an invalid
-sweep never reaches the cluster. Runs start from an uploaded pipeline version, not an embedded
+The callers (``mtlflow pipeline submit | schedule``, ``mtlflow reproduce --pipeline --host``) validate the
+parameters and compile the pipeline *before* any request is sent, so an invalid sweep never reaches the
+cluster; this module takes the compiled package. Runs start from an uploaded pipeline version, not an embedded
 spec: the pipeline is found by its IR name (uploaded on first use) and the version is named by the
 SHA-256 of the compiled package, so it is uploaded once per pipeline content and every run and
-recurring run links to the exact version it ran. ``schedule`` is idempotent: it keeps one recurring
+recurring run links to the exact version it ran. ``schedule_package`` is idempotent: it keeps one recurring
 run per name in the experiment, replacing one whose version, cron or parameters differ.
 
 Backend version: before a package whose tasks carry a ``securityContext`` is uploaded, the backend's release is
@@ -21,12 +22,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import sys
-import tempfile
 import time
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+
+import yaml
 
 from mtlflow.config.cluster import TASK_SECURITY_CONTEXT_SINCE, supports_task_security_context, version_tuple
 from mtlflow.config.pipeline import validate_cron
@@ -43,7 +48,8 @@ class SubmissionError(MtlflowError):
     exit_code = 6
 
 
-def _check_host(host: str) -> None:
+def check_host(host: str) -> None:
+    """Refuse a ``--host`` that is not an http(s) URL (before anything is compiled or sent)."""
     if not host.startswith(("http://", "https://")):
         raise InvalidParameterError(f"--host {host!r} must be an http(s) URL of the KFP API, "
                                     "e.g. https://kubeflow.example.com/pipeline")
@@ -64,9 +70,6 @@ def _call(what: str, host: str, func, *args, **kwargs):
 def _client(host: str, namespace: str | None = None) -> Any:
     """A ``kfp.Client``; its constructor already calls ``/healthz`` (without a namespace), so building it
     is a request like any other and fails as one line."""
-    import logging
-    import warnings
-
     import kfp
 
     def connect():
@@ -98,8 +101,6 @@ def backend_version(client: Any) -> str | None:
 
 
 def _tasks_with_security_context(package: Path) -> list[str]:
-    import yaml
-
     documents = list(yaml.safe_load_all(package.read_text()))
     executors = {}
     for document in documents[1:]:
@@ -133,8 +134,6 @@ def with_caching(package: Path, enabled: bool) -> Path:
     """Set every task's cache option in the compiled ``package`` (root and nested DAGs, e.g. loop
     bodies) to ``enabled``. A run started from a pipeline version cannot override caching (kfp's
     ``enable_caching`` rewrites only embedded specs), so ``--no-cache`` is a version of its own."""
-    import yaml
-
     documents = list(yaml.safe_load_all(package.read_text()))
     spec = documents[0]
     dags = [spec["root"]["dag"], *(c["dag"] for c in spec.get("components", {}).values() if "dag" in c)]
@@ -145,19 +144,9 @@ def with_caching(package: Path, enabled: bool) -> Path:
     return package
 
 
-def _compiled(pipeline: str, params: Mapping[str, Any], directory: Path, enable_caching: bool | None = None) -> Path:
-    from mtlflow.pipelines import runner
-
-    runner.validate_params(pipeline, params)
-    package = runner.compile_pipeline(directory / f"{runner.canonical_name(pipeline)}.yaml", pipeline=pipeline)
-    return package if enable_caching is None else with_caching(package, enable_caching)
-
-
 def version_name(package: Path) -> tuple[str, str]:
     """``(pipeline name, version name)`` of a compiled package: the IR's pipeline name, and that name
     with the first 16 hex digits of the package's SHA-256 (the same content, the same version)."""
-    import yaml
-
     name = next(yaml.safe_load_all(package.read_text()))["pipelineInfo"]["name"]
     return name, f"{name}-{hashlib.sha256(package.read_bytes()).hexdigest()[:16]}"
 
@@ -186,23 +175,13 @@ def pipeline_version(client: Any, host: str, package: Path, namespace: str | Non
     return {"pipeline_id": pipeline_id, "pipeline_version_id": version_id, "pipeline_version": version}
 
 
-def submit(host: str, pipeline: str, params: Mapping[str, Any], experiment: str = "mtlflow",
-           run_name: str | None = None, namespace: str | None = None, enable_caching: bool | None = None,
-           service_account: str | None = None) -> dict[str, str]:
-    """Validate and compile ``pipeline``, upload its version if new, and start one run of that version;
-    returns ``{run_id, run_name, experiment, pipeline_id, pipeline_version_id, pipeline_version}``.
-    ``enable_caching`` (None: the compiled per-task settings) applies to every task."""
-    _check_host(host)
-    with tempfile.TemporaryDirectory(prefix="mtlflow-submit-") as tmp:
-        package = _compiled(pipeline, params, Path(tmp), enable_caching)
-        return submit_package(host, package, params, experiment, run_name, namespace, service_account)
-
-
 def submit_package(host: str, package: Path, params: Mapping[str, Any], experiment: str = "mtlflow",
                    run_name: str | None = None, namespace: str | None = None,
                    service_account: str | None = None) -> dict[str, str]:
-    """:func:`submit` of a package compiled by the caller (`mtlflow reproduce CLAIM --pipeline --host`)."""
-    _check_host(host)
+    """Upload the compiled ``package``'s version if new and start one run of that version with ``params``
+    (those it was validated with); returns ``{run_id, run_name, experiment, pipeline_id, pipeline_version_id,
+    pipeline_version}``. Caching is the package's (:func:`with_caching` sets it for every task)."""
+    check_host(host)
     client = _client(host, namespace)
     check_backend(client, host, package)
     version = pipeline_version(client, host, package, namespace)
@@ -227,37 +206,35 @@ def _same_schedule(existing: Any, version_id: str, cron: str, params: Mapping[st
             and bool(existing.no_catchup) and (existing.service_account or None) == (service_account or None))
 
 
-def schedule(host: str, pipeline: str, cron: str, params: Mapping[str, Any], experiment: str = "mtlflow",
-             job_name: str | None = None, namespace: str | None = None,
-             service_account: str | None = None) -> dict[str, Any]:
-    """Keep exactly one recurring run named ``job_name`` in ``experiment``: ``pipeline``'s current
+def schedule_package(host: str, package: Path, cron: str, params: Mapping[str, Any], experiment: str = "mtlflow",
+                     job_name: str | None = None, namespace: str | None = None,
+                     service_account: str | None = None) -> dict[str, Any]:
+    """Keep exactly one recurring run named ``job_name`` in ``experiment``: the compiled ``package``'s
     version on a 6-field KFP cron, at most one run at a time and no catch-up of missed intervals.
     An identical one is kept as it is; otherwise the new one is created first and every other of that
     name deleted after (KFP cannot update a recurring run), so a failed request never leaves none.
     Returns ``{recurring_run_id, job_name, cron, replaced, pipeline_id, pipeline_version_id, pipeline_version}``."""
-    _check_host(host)
+    check_host(host)
     cron = validate_cron(cron)
-    with tempfile.TemporaryDirectory(prefix="mtlflow-schedule-") as tmp:
-        package = _compiled(pipeline, params, Path(tmp))
-        client = _client(host, namespace)
-        check_backend(client, host, package)
-        version = pipeline_version(client, host, package, namespace)
-        exp = _call("creating the experiment", host, client.create_experiment, name=experiment, namespace=namespace)
-        name = job_name or f"{package.stem}-nightly"
-        existing = _call("listing the recurring runs", host, client.list_recurring_runs,
-                         experiment_id=exp.experiment_id, page_size=PAGE_SIZE,
-                         filter=_equals("display_name", name)).recurring_runs or []
-        same = [r for r in existing if _same_schedule(r, version["pipeline_version_id"], cron, params, service_account)]
-        if same:
-            kept = same[0].recurring_run_id
-        else:
-            kept = _call("creating the recurring run", host, client.create_recurring_run,
-                         experiment_id=exp.experiment_id, job_name=name, cron_expression=cron, max_concurrency=1,
-                         no_catchup=True, params=dict(params), pipeline_id=version["pipeline_id"],
-                         version_id=version["pipeline_version_id"],
-                         service_account=service_account).recurring_run_id
-        replaced = [r.recurring_run_id for r in existing if r.recurring_run_id != kept]
-        for recurring_run_id in replaced:
-            _call(f"deleting the replaced recurring run {recurring_run_id}", host, client.delete_recurring_run,
-                  recurring_run_id)
+    client = _client(host, namespace)
+    check_backend(client, host, package)
+    version = pipeline_version(client, host, package, namespace)
+    exp = _call("creating the experiment", host, client.create_experiment, name=experiment, namespace=namespace)
+    name = job_name or f"{package.stem}-nightly"
+    existing = _call("listing the recurring runs", host, client.list_recurring_runs,
+                     experiment_id=exp.experiment_id, page_size=PAGE_SIZE,
+                     filter=_equals("display_name", name)).recurring_runs or []
+    same = [r for r in existing if _same_schedule(r, version["pipeline_version_id"], cron, params, service_account)]
+    if same:
+        kept = same[0].recurring_run_id
+    else:
+        kept = _call("creating the recurring run", host, client.create_recurring_run,
+                     experiment_id=exp.experiment_id, job_name=name, cron_expression=cron, max_concurrency=1,
+                     no_catchup=True, params=dict(params), pipeline_id=version["pipeline_id"],
+                     version_id=version["pipeline_version_id"],
+                     service_account=service_account).recurring_run_id
+    replaced = [r.recurring_run_id for r in existing if r.recurring_run_id != kept]
+    for recurring_run_id in replaced:
+        _call(f"deleting the replaced recurring run {recurring_run_id}", host, client.delete_recurring_run,
+              recurring_run_id)
     return {"recurring_run_id": kept, "job_name": name, "cron": cron, "replaced": replaced, **version}

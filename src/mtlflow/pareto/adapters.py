@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -48,7 +49,6 @@ from mtlflow.core.errors import InvalidParameterError
 
 ADAPTABLE = (nn.Conv2d, nn.Linear)
 FACTORIZATIONS = ("matrix", "kernel")
-LAYER_SETS = ("trunk", "all")
 
 
 def factor_shapes(module: nn.Module, rank: int,
@@ -117,7 +117,7 @@ class AdapterSpec:
         return {**asdict(self), "layers": list(self.layers)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "AdapterSpec":
+    def from_dict(cls, data: dict[str, Any]) -> AdapterSpec:
         return cls(int(data["n_tasks"]), int(data["rank"]), float(data["alpha"]), tuple(data["layers"]),
                    str(data.get("factorization", "matrix")))
 
@@ -182,7 +182,7 @@ class PreferenceAdapters:
 
     @classmethod
     def inject(cls, model: nn.Module, n_tasks: int, rank: int, alpha: float, layers: str = "trunk",
-               factorization: str = "matrix") -> "PreferenceAdapters":
+               factorization: str = "matrix") -> PreferenceAdapters:
         """Put adapters on the selected Conv2d/Linear layers of ``model`` (see :func:`select_layers`)."""
         return cls(model, AdapterSpec(n_tasks, rank, alpha, tuple(select_layers(model, layers)), factorization))
 

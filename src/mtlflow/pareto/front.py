@@ -19,13 +19,18 @@ from __future__ import annotations
 
 import io
 import statistics
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
 from mtlflow.core.errors import InvalidParameterError
+from mtlflow.metrics.evaluation import evaluate_model
+from mtlflow.metrics.scoring import hypervolume, pareto_mask
+from mtlflow.metrics.selection import parse_selection
+from mtlflow.metrics.task import metric_error
 from mtlflow.pareto.adapters import PreferenceAdapters
 
 OBJECTIVE = "error of each task's primary metric (1 - value for bounded higher-is-better metrics)"
@@ -38,8 +43,6 @@ def evaluate_front(model: nn.Module, adapters: PreferenceAdapters, bench: Any, d
                    target_index: Sequence[int], preferences: torch.Tensor, batch_size: int = 512,
                    device: torch.device | str = "cpu") -> list[Metrics]:
     """Task metrics of ``model`` on ``dataset`` at every preference (row) of ``preferences``."""
-    from mtlflow.metrics.evaluation import evaluate_model
-
     points = []
     for lam in preferences:
         # cached(): each adapted weight is merged once per preference, not once per batch
@@ -59,7 +62,7 @@ def distinct_count(vectors: Sequence[Sequence[float]], tol: float = DISTINCT_TOL
     coordinate is the same point."""
     kept: list[Sequence[float]] = []
     for v in vectors:
-        if not any(all(abs(a - b) <= tol for a, b in zip(v, k)) for k in kept):
+        if not any(all(abs(a - b) <= tol for a, b in zip(v, k, strict=True)) for k in kept):
             kept.append(v)
     return len(kept)
 
@@ -87,15 +90,13 @@ def summarise_points(points: Sequence[Metrics], tasks: Sequence[str], primary: M
                      preferences: Sequence[Sequence[float]] | None = None) -> dict[str, Any]:
     """Objective vectors, hypervolume, Pareto mask, distinct non-dominated count and (given the grid's
     ``preferences``) the preference/error Spearman correlation of one split's grid points."""
-    from mtlflow.metrics.scoring import hypervolume, pareto_mask
-    from mtlflow.metrics.task import metric_error
-
     errors = [[metric_error(p[t][primary[t]], specs[t][primary[t]]["higher_is_better"],
                             specs[t][primary[t]]["unit_interval"]) for t in tasks] for p in points]
     mask = pareto_mask(errors)
     summary = {"metrics": [dict(p) for p in points], "errors": errors,
                "hypervolume": hypervolume(errors, reference_point),
-               "non_dominated": distinct_count([e for e, keep in zip(errors, mask) if keep]), "pareto_mask": mask}
+               "non_dominated": distinct_count([e for e, keep in zip(errors, mask, strict=True) if keep]),
+               "pareto_mask": mask}
     if preferences is not None:
         summary["spearman"] = preference_spearman(preferences, errors, tasks)
     return summary
@@ -132,8 +133,6 @@ def select_front(history: Sequence[Mapping[str, Any]], rule: str, tasks: Sequenc
                  specs: Mapping[str, Mapping[str, Mapping[str, bool]]]) -> dict[str, Any] | None:
     """The run's front under its selection rule: the last epoch's, or the point-wise mean of the last K
     epochs' fronts (``last-k:K``); the test split never selects. None if those epochs have no front."""
-    from mtlflow.metrics.selection import parse_selection
-
     _, k = parse_selection(rule)
     window = [e.get("preference_front") for e in history[-k:]]
     if not window or any(f is None for f in window):
@@ -168,7 +167,7 @@ def aggregate_fronts(fronts: Sequence[Mapping[str, Any]], split: str, tasks: Seq
 
 def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
     """True when error vector ``a`` Pareto-dominates ``b`` (≤ everywhere, < somewhere)."""
-    return all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b))
+    return all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True))
 
 
 def attach_fronts(rows: dict[str, dict[str, Any]], groups: Mapping[str, Sequence[Mapping[str, Any]]], split: str,
@@ -217,7 +216,7 @@ def front_figure(front: Mapping[str, Any], tasks: Sequence[str], primary: Mappin
         label = f"{split} (HV {values['hypervolume']:.4f}, {values['non_dominated']}/{len(errors)} non-dominated)"
         if len(tasks) == 2:
             line, = ax.plot([e[0] for e in errors], [e[1] for e in errors], marker="o", ms=4, lw=1, label=label)
-            for lam, e in zip(prefs, errors):
+            for lam, e in zip(prefs, errors, strict=True):
                 ax.annotate(f"{lam[0]:.1f}", e, fontsize=6, color=line.get_color(), xytext=(3, 3),
                             textcoords="offset points")
         else:
@@ -260,7 +259,7 @@ def front_tables(summary: Mapping[str, Any]) -> list[tuple[str, list[str], list[
         front = summary["methods"][label]["preference_front"]
         rows = [[", ".join(f"{v:.2f}" for v in lam)] + [f"{point[t][primary[t]]:.4f}" for t in tasks]
                 + ["yes" if keep else ""] for lam, point, keep in zip(front["preferences"], front["metrics"],
-                                                                       front["pareto_mask"])]
+                                                                       front["pareto_mask"], strict=True)]
         tables.append((f"{label}: front on the preference grid (mean over seeds)",
                        ["λ"] + [f"{t} {primary[t]}" for t in tasks] + ["non-dominated"], rows))
     return tables

@@ -13,9 +13,11 @@ PEFT is imported only when a teleport run starts.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from mtlflow.core.errors import InvalidParameterError
+from mtlflow.teleport.adapters import check_wrappable
 from mtlflow.teleport.options import CostOptions
 
 #: the teleportation wrappers (``RunConfig.teleport``)
@@ -40,7 +42,6 @@ def check_benchmark(bench, task_names: list[str], teleport: str | None, options:
     if not teleport:
         return
     validate(teleport, options)
-    from mtlflow.teleport.adapters import check_wrappable
 
     check_wrappable(bench.make_model(task_names), len(task_names), CostOptions.from_mapping(options).resolved().adapter)
 
@@ -48,6 +49,7 @@ def check_benchmark(bench, task_names: list[str], teleport: str | None, options:
 def build(teleport: str, options: Mapping[str, Any] | None):
     """The callback of ``teleport`` with ``options``."""
     validate(teleport, options)
-    from mtlflow.teleport.callback import CostTeleport
+    # teleport.callback imports this package: at module level the two would import each other
+    from mtlflow.teleport.callback import CostTeleport  # noqa: PLC0415
 
     return CostTeleport(CostOptions.from_mapping(options))

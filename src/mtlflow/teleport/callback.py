@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import importlib
 import time
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -246,10 +247,10 @@ class CostTeleport(Callback):
             "epoch": state.epoch,
             "trigger": opts.trigger,
             "reason": describe(opts.trigger, stats, names),
-            "losses_before": dict(zip(names, map(float, state.losses))),
+            "losses_before": dict(zip(names, map(float, state.losses), strict=True)),
             "conflicting_before": stats.conflicting,
-            "cosine_to_mean_before": dict(zip(names, map(float, stats.cos_to_mean))),
-            "grad_norms_before": dict(zip(names, map(float, stats.norms))),
+            "cosine_to_mean_before": dict(zip(names, map(float, stats.cos_to_mean), strict=True)),
+            "grad_norms_before": dict(zip(names, map(float, stats.norms), strict=True)),
             "mean_grad_norm_before": stats.mean_norm,
             "min_pairwise_cos_before": _min_pairwise(stats),
             "balance_weights": [float(r) for r in problem.balance],
@@ -315,15 +316,15 @@ class CostTeleport(Callback):
         names = self._task_names
         before = torch.tensor(list(event["losses_before"].values()), dtype=torch.float64)
         after = state.losses.detach().to("cpu", torch.float64)
-        event["losses_after"] = dict(zip(names, map(float, after)))
+        event["losses_after"] = dict(zip(names, map(float, after), strict=True))
         event["loss_change_max_abs"] = float((after - before).abs().max())
         event["loss_change_max_relative"] = float(((after - before).abs() / before.abs().clamp_min(1e-12)).max())
         if state.grads is not None:
             stats = gradient_stats(state.grads, pairwise=needs_pairwise(self.resolved.trigger))
             event["min_pairwise_cos_after"] = _min_pairwise(stats)
             event["conflicting_after"] = stats.conflicting
-            event["cosine_to_mean_after"] = dict(zip(names, map(float, stats.cos_to_mean)))
-            event["grad_norms_after"] = dict(zip(names, map(float, stats.norms)))
+            event["cosine_to_mean_after"] = dict(zip(names, map(float, stats.cos_to_mean), strict=True))
+            event["grad_norms_after"] = dict(zip(names, map(float, stats.norms), strict=True))
             event["mean_grad_norm_after"] = stats.mean_norm
 
 

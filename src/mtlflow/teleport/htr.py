@@ -38,8 +38,8 @@ SGD has no (β₁, β₂); with SGD the teleport records σ and HTR is not appli
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 from torch import Tensor

@@ -23,8 +23,8 @@ model) and the toy problem (a dense Δθ on the point itself) both use it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 import torch
 from torch import Tensor

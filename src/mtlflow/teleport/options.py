@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.teleport.triggers import RULES
@@ -130,7 +131,7 @@ class CostOptions:
     htr: bool = True
 
     @classmethod
-    def from_mapping(cls, options: Mapping[str, Any] | None) -> "CostOptions":
+    def from_mapping(cls, options: Mapping[str, Any] | None) -> CostOptions:
         """Options from a user mapping (CLI ``--teleport-option``, pipeline ``teleport_options``), validated."""
         options = dict(options or {})
         names = {f.name for f in dataclasses.fields(cls)}
@@ -141,7 +142,7 @@ class CostOptions:
         resolved.validate()
         return resolved
 
-    def resolved(self) -> "CostOptions":
+    def resolved(self) -> CostOptions:
         """A copy with every ``None`` replaced by the variant's default."""
         if self.variant not in VARIANTS:
             raise InvalidParameterError(f"COST variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")

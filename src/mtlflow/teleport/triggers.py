@@ -19,8 +19,8 @@ O(KP) (the K x K Gramian, O(K²P), only for ``weak``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor

@@ -3,6 +3,7 @@ loaders, models and metrics on tiny fixtures written in exactly the datasets' on
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -29,12 +30,13 @@ def write_celeba(root: Path, n: int = 12) -> np.ndarray:
 
     labels = RNG.integers(0, 2, (n, 40))
     names = [f"{i + 1:06d}.jpg" for i in range(n)]
-    rows = [f"{name} " + " ".join("1" if v else "-1" for v in row) for name, row in zip(names, labels)]
+    rows = [f"{name} " + " ".join("1" if v else "-1" for v in row) for name, row in zip(names, labels, strict=True)]
     (root / "Anno").mkdir(parents=True)
     (root / "Anno" / "list_attr_celeba.txt").write_text(f"{n}\n" + " ".join(ATTRIBUTES) + "\n" + "\n".join(rows) + "\n")
     (root / "Eval").mkdir()
     parts = [0] * (n - 4) + [1, 1, 2, 2]
-    (root / "Eval" / "list_eval_partition.txt").write_text("".join(f"{m} {p}\n" for m, p in zip(names, parts)))
+    (root / "Eval" / "list_eval_partition.txt").write_text(
+        "".join(f"{m} {p}\n" for m, p in zip(names, parts, strict=True)))
     for name in names:
         write_jpeg(root / "Img" / "img_align_celeba" / name, (178, 218))
     return labels
@@ -69,16 +71,18 @@ def test_celeba_rejects_missing_or_mismatched_annotations(tmp_path: Path) -> Non
 
 # -- NYUv2 / CityScapes --------------------------------------------------------------------------------
 
+def _save_npy(split_dir: Path, name: str, sub: str, arr: np.ndarray) -> None:
+    (split_dir / sub).mkdir(parents=True, exist_ok=True)
+    np.save(split_dir / sub / name, arr)
+
+
 def write_mtan(root: Path, label_dir: str, classes: int, normals: bool, n_train: int = 3, n_val: int = 2,
                shape: tuple[int, int] = (32, 64)) -> None:
     """MTAN layout: {train,val}/{image,<label_dir>,depth[,normal]}/<i>.npy, HWC images, HW labels (-1 ignore)."""
     h, w = shape
     for folder, n in (("train", n_train), ("val", n_val)):
         for i in range(n):
-            def save(sub: str, arr: np.ndarray) -> None:
-                (root / folder / sub).mkdir(parents=True, exist_ok=True)
-                np.save(root / folder / sub / f"{i}.npy", arr)
-
+            save = functools.partial(_save_npy, root / folder, f"{i}.npy")
             save("image", RNG.random((h, w, 3), dtype=np.float32))
             label = RNG.integers(-1, classes, (h, w)).astype(np.float32)
             save(label_dir, label)

@@ -5,8 +5,9 @@ task i's parameters are exactly those only task i's output depends on. COST's an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ def _reachability(model: MultiTaskModel, inputs: Any) -> list[set[int]]:
     for pred in model(inputs):
         grads = torch.autograd.grad(pred.float().square().sum(), params, allow_unused=True, retain_graph=True)
         # non-zero rather than merely reachable: stacking the task features links every slice in the graph
-        reached.append({id(p) for p, g in zip(params, grads) if g is not None and bool(g.abs().sum() > 0)})
+        reached.append({id(p) for p, g in zip(params, grads, strict=True) if g is not None and bool(g.abs().sum() > 0)})
     return reached
 
 
@@ -150,5 +151,5 @@ def test_mtan_attention_masks_get_their_tasks_plain_gradient_in_every_gradient_m
     trainer.callbacks.append(probe)
     trainer.train_step(batch, 1)
     for i in range(3):
-        for got, want in zip(probe.got[i], expected[i]):
+        for got, want in zip(probe.got[i], expected[i], strict=True):
             assert torch.allclose(got, want, rtol=1e-4, atol=1e-7), (method, i)

@@ -314,7 +314,8 @@ def test_batches_cover_every_row_once_and_gather_the_right_rows(tmp_path: Path) 
                                         num_workers=1)
     assert isinstance(through_workers, DataLoader)
     worker_batches = list(through_workers)
-    assert all(torch.equal(a, b) for a, (b, _) in zip(batches, worker_batches)) and len(worker_batches) == 5
+    assert len(worker_batches) == 5
+    assert all(torch.equal(a, b) for a, (b, _) in zip(batches, worker_batches, strict=True))
 
 
 def test_model_heads_fit_the_task_kinds(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ def test_a_small_table_trains_at_least_500_steps_at_a_batch_that_fits_it(tmp_pat
     # epoch, ceil(500 / 9) = 56 epochs at least (the old default: batch 256, 1 step an epoch, 10 steps in all)
     budget = fit_budget(config, 241)
     assert (budget["batch_size"], budget["steps_per_epoch"], budget["max_epochs"]) == (30, 9, 100)
-    # with fewer epochs asked for (a sweep's `epochs: 10`), the minimum steps raise them
+    # a minimum of steps given with the epochs raises them (the one budget rule: both given, both apply)
     assert fit_budget(dataclasses.replace(config, epochs=10), 241)["max_epochs"] == 56
 
 

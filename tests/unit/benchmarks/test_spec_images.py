@@ -4,7 +4,6 @@ as PNG files (real data that a pinned dependency ships)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np

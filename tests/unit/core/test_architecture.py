@@ -91,3 +91,36 @@ def test_components_and_pipelines_install_under_the_mtlflow_namespace(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["None", "None"]
     assert importlib.util.find_spec("mtlflow.components") is not None
+
+
+def _installed_layers():
+    """tools/import_layers.py, the contract type pyproject.toml's layers contract uses."""
+    spec = importlib.util.spec_from_file_location("import_layers", ROOT / "tools" / "import_layers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_layers_contract_reads_the_kubeflow_packages():
+    """grimp alone reads src/mtlflow only; the contract adds mtlflow.pipelines and mtlflow.components (installed
+    from the top-level folders) with their imports and the imports of them, so a wrong one breaks it."""
+    import tomllib
+
+    import_layers = _installed_layers()
+    graph = grimp.build_graph("mtlflow", exclude_type_checking_imports=True)
+    assert "mtlflow.pipelines.runner" not in graph.modules   # what the contract exists for
+    added = import_layers.add_folder_packages(graph)
+    assert {"mtlflow.pipelines.runner", "mtlflow.components.train.component"} <= set(added)
+    assert not [m for m in added if m.rpartition(".")[2].startswith("test_")]   # the components' tests are not
+    imported_by = graph.find_modules_directly_imported_by
+    assert "mtlflow.components.train.component" in imported_by("mtlflow.pipelines.benchmark_sweep")   # within
+    assert "mtlflow.jobs.data" in imported_by("mtlflow.pipelines.runner")                           # out of them
+    assert "mtlflow.pipelines.runner" in imported_by("mtlflow.cli.pipelines")                       # into them
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]
+    contract = import_layers.InstalledLayersContract(
+        name="layers", session_options={"root_packages": ["mtlflow"]},
+        contract_options={"containers": options["containers"], "layers": options["layers"]})
+    assert contract.check(graph, verbose=False).kept
+    graph.add_import(importer="mtlflow.pipelines.cluster", imported="mtlflow.cli", line_number=1,
+                     line_contents="from mtlflow.cli import main")
+    assert not contract.check(graph, verbose=False).kept

@@ -5,13 +5,13 @@ no temporary file behind."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 import torch
-from file_system_support import fill, tmpfs_mounts
 
+from file_system_support import fill, tmpfs_mounts
 from mtlflow.core import atomic
 from mtlflow.core.errors import StorageError
 
@@ -49,7 +49,7 @@ def test_a_refused_write_is_one_storage_error_naming_the_file(writer: str, state
 
 def test_other_os_errors_pass_unchanged(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
-        with atomic.atomic_path(tmp_path / "x") as tmp:
+        with atomic.atomic_path(tmp_path / "x"):
             open(tmp_path / "missing" / "y")
 
 

@@ -136,7 +136,6 @@ def test_train_command_on_cached_data_validates_once_and_hashes_once(tmp_path, m
     """`mtlflow train --benchmark ...` with its data already in the cache: the same counts as jobs.train on a
     data directory (the request is validated once, before the cache is looked at)."""
     from conftest import SMALL_SIZES
-
     from mtlflow.cli import main
 
     monkeypatch.setenv("MTLFLOW_CACHE", str(tmp_path / "cache"))

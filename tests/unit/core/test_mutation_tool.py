@@ -106,7 +106,7 @@ def test_the_interval_is_wilson_s_score_interval() -> None:
     p_hat = detected / judged
     a, b, c = 1 + z * z / judged, -(2 * p_hat + z * z / judged), p_hat * p_hat
     roots = sorted(((-b - s * (b * b - 4 * a * c) ** 0.5) / (2 * a)) for s in (1, -1))
-    assert all(abs(x - 100 * r) < 1e-9 for x, r in zip(tool.wilson_interval(detected, judged), roots))
+    assert all(abs(x - 100 * r) < 1e-9 for x, r in zip(tool.wilson_interval(detected, judged), roots, strict=True))
     assert tool.wilson_interval(0, 0) == (0.0, 100.0) and tool.wilson_interval(5, 5)[1] == 100.0
 
 

@@ -61,15 +61,17 @@ def test_sweep_parameters_are_checked_as_the_runs_will_see_them():
     assert pipeline_config("benchmark_sweep", {"seeds": [0.0, 1.0], "epochs": 2}).seeds == [0, 1]
 
 
-def test_params_yaml_is_a_sweep_plus_the_dvc_section(tmp_path, monkeypatch):
+def test_params_yaml_is_a_sweep_plus_the_dvc_and_tune_sections(tmp_path, monkeypatch):
     from mtlflow.jobs import stages
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    sweep = SweepConfig.from_mapping({k: v for k, v in params.items() if k != "dvc"})
+    sweep = SweepConfig.from_mapping({k: v for k, v in params.items() if k not in ("dvc", "tune")})
     monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     loaded = stages.load_params()
     assert loaded.sweep == sweep and loaded.reference_tasks == ["left", "right"]
+    assert loaded.tune == params["tune"]  # the tune stage's section (stages.tune_config checks it)
+    stages.tune_config(loaded)
     # the experiment method may have hyper-parameters without being in the sweep
     params["dvc"]["experiment_method"] = "stch"
     params["method_hparams"]["stch"] = {"mu": 0.5}

@@ -7,6 +7,7 @@ plus accumulation, checkpoint round trips and the refusals."""
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,7 @@ def hand_jacobian(losses: list[Tensor], params: list[Tensor]) -> Tensor:
 
 def hand_head_grads(problem: Problem, losses: list[Tensor]) -> list[Tensor]:
     """Head i's plain gradient ∇L_i, in the order of problem.heads.parameters()."""
-    return [g for loss, head in zip(losses, problem.head_params())
+    return [g for loss, head in zip(losses, problem.head_params(), strict=True)
             for g in torch.autograd.grad(loss, head, retain_graph=True)]
 
 
@@ -98,12 +99,12 @@ def head_grads(problem: Problem) -> list[Tensor]:
 def weighted_grads(problem: Problem, weights: Tensor, batch: int = 0) -> list[Tensor]:
     """∇ Σ_i w_i L_i of every parameter (trunk, then heads), by autograd on the problem's current weights."""
     losses = problem.losses(batch)
-    total = sum(w * loss for w, loss in zip(weights, losses))
+    total = sum(w * loss for w, loss in zip(weights, losses, strict=True))
     return list(torch.autograd.grad(total, problem.all_params()))
 
 
 def assert_grads(problem: Problem, expected: list[Tensor], rtol: float = 1e-12, atol: float = 1e-14) -> None:
-    for param, want in zip(problem.all_params(), expected):
+    for param, want in zip(problem.all_params(), expected, strict=True):
         torch.testing.assert_close(param.grad, want, rtol=rtol, atol=atol)
 
 
@@ -162,7 +163,7 @@ def test_pcgrad_projects_the_hand_computed_gradients_in_the_orders_of_its_seeded
         mtl.after_optimizer_step()
         torch.testing.assert_close(shared_grad(problem), pcgrad_by_hand(jacobian, orders.visiting_orders(K)),
                                    rtol=1e-12, atol=1e-14)
-        for seen, want in zip(head_grads(problem), heads):
+        for seen, want in zip(head_grads(problem), heads, strict=True):
             torch.testing.assert_close(seen, want, rtol=0, atol=0)
 
 
@@ -198,7 +199,7 @@ def test_mgdaub_differentiates_through_the_features_then_back_propagates_the_com
                                rtol=1e-9, atol=1e-12)
     expected = weighted_grads(problem, alpha * K)[:len(problem.shared)]
     torch.testing.assert_close(shared_grad(problem), flat(expected), rtol=1e-12, atol=1e-14)
-    for seen, want in zip(head_grads(problem), heads):
+    for seen, want in zip(head_grads(problem), heads, strict=True):
         torch.testing.assert_close(seen, want, rtol=0, atol=0)
 
 
@@ -216,7 +217,7 @@ def test_dwa_weights_come_from_the_mean_losses_of_the_last_two_epochs():
     problem = Problem()
     mtl = problem.mtl("dwa")
     epoch_means = []
-    for epoch in range(2):
+    for _ in range(2):
         seen = []
         for batch in (0, 1):
             losses = problem.losses(batch)
@@ -304,7 +305,7 @@ def test_the_call_writes_what_the_trainer_applies_in_one_step(method, multimnist
     torch.manual_seed(0)
     trainer.train_step(batch, 1)
 
-    for seen, want in zip(ours, recorder.grads):
+    for seen, want in zip(ours, recorder.grads, strict=True):
         torch.testing.assert_close(seen, want, rtol=1e-6, atol=1e-7)
     assert any(float(g.abs().max()) > 0 for g in ours)
 
@@ -328,7 +329,7 @@ def test_grad_accumulates_like_autograd(method):
     mtl = problem.mtl(method)
     mtl(problem.losses(0))
     mtl(problem.losses(1))
-    assert_grads(problem, [a + b for a, b in zip(*separate)])
+    assert_grads(problem, [a + b for a, b in zip(*separate, strict=True)])
 
 
 def train(problem: Problem, mtl: MTLBackward, optimizer: torch.optim.Optimizer, batches: range) -> None:
@@ -337,7 +338,7 @@ def train(problem: Problem, mtl: MTLBackward, optimizer: torch.optim.Optimizer, 
         mtl(problem.losses(batch))
         mtl.clip_gradients(10.0)
         optimizer.step()
-        mtl.after_optimizer_step(recompute_losses=lambda: problem.losses(batch))
+        mtl.after_optimizer_step(recompute_losses=functools.partial(problem.losses, batch))
         if batch % 2:
             mtl.epoch_end()
 
@@ -366,7 +367,7 @@ def test_state_dict_round_trip_continues_bit_for_bit(method, hparams):
     mtl.load_state_dict(saved["mtl"])
     train(resumed, mtl, optimizer, range(2, 4))
 
-    for a, b in zip(straight.all_params(), resumed.all_params()):
+    for a, b in zip(straight.all_params(), resumed.all_params(), strict=True):
         assert torch.equal(a, b)
 
 

@@ -45,4 +45,4 @@ def test_a_training_step_stacks_the_losses_once(method, tmp_path):
     assert len(stacked_losses) == 1
     # the step still trained with those losses
     assert torch.equal(info["losses"], torch.stack(stacked_losses[0].args[0]).detach())
-    assert any(not torch.equal(p, q) for p, q in zip(before, run.model.parameters()))
+    assert any(not torch.equal(p, q) for p, q in zip(before, run.model.parameters(), strict=True))

@@ -43,7 +43,7 @@ def test_optimizer_step_clips_globally_then_the_shared_part_then_steps_between_t
     model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
     shared = list(model[0].parameters())
     grads = [torch.randn_like(p) * 5 for p in model.parameters()]
-    for p, g in zip(model.parameters(), grads):
+    for p, g in zip(model.parameters(), grads, strict=True):
         p.grad = g.clone()
     log: list[str] = []
     method = SimpleNamespace(shared_grad_max_norm=lambda: 0.1,
@@ -66,7 +66,7 @@ def test_optimizer_step_clips_globally_then_the_shared_part_then_steps_between_t
     expected = [g * min(1.0, 0.5 / float(total)) for g in grads]
     shared_norm = torch.sqrt(sum((g ** 2).sum() for g in expected[:2]))
     expected[:2] = [g * min(1.0, 0.1 / float(shared_norm)) for g in expected[:2]]
-    for seen, want, p, p0 in zip(recorder.grads[0], expected, model.parameters(), before):
+    for seen, want, p, p0 in zip(recorder.grads[0], expected, model.parameters(), before, strict=True):
         torch.testing.assert_close(seen, want)
         torch.testing.assert_close(p.detach(), p0 - want)  # SGD, lr 1
 
@@ -84,5 +84,6 @@ def test_every_step_goes_through_the_rules_also_when_a_method_owns_it(method, mu
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train_step(batch, 1)
     assert log == ["callback.before", "callback.after"]
-    moved = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(trainer.model.parameters(), before)))
+    moved = torch.sqrt(sum(((p.detach() - b) ** 2).sum()
+                           for p, b in zip(trainer.model.parameters(), before, strict=True)))
     assert float(moved) == pytest.approx(0.1 * 1e-3, rel=1e-3)

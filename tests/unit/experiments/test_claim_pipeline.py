@@ -7,6 +7,7 @@ import pytest
 
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.experiments import claim_pipeline, claims
+from mtlflow.metrics.intervals import mean_interval
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -79,17 +80,26 @@ def test_every_registered_claim_can_run_seed_by_seed():
         assert isinstance(claim.runner, claims.SeedwiseRunner), claim.key
 
 
-def test_a_runner_measuring_its_seeds_together_runs_in_one_piece_but_has_no_pipeline(tmp_path, monkeypatch):
-    def together(config, seeds, ctx):
-        return {"values": [float(config["x"] + s) for s in seeds], "details": {"seeds": list(seeds)}}
+def test_a_registered_runner_is_measured_seed_by_seed_and_judged_on_its_values(tmp_path, monkeypatch):
+    measured_seeds = []
+
+    def measure(config, seed, ctx):
+        measured_seeds.append(seed)
+        return {"value": float(config["x"] + seed)}
+
+    def combine(config, parts, ctx):
+        return {"values": [p["value"] for p in parts], "details": {"parts": len(parts)}}
 
     claim = claims.Claim(key="joint", paper="P", source="T1", statement="s", paper_text="≥ 1", paper_value=1.0,
-                         metric="m", rule="at_least", lower_is_better=False, runner=together,
+                         metric="m", rule="at_least", lower_is_better=False,
+                         runner=claims.SeedwiseRunner(measure, combine),
                          scales={"ci": claims.Scale("tiny", {"x": 1.0})})
     monkeypatch.setitem(claims.CLAIMS, "joint", claim)
-    with pytest.raises(InvalidParameterError, match="measures its seeds together.*without --pipeline"):
-        claim_pipeline.plan("joint", "ci")
+    assert claim_pipeline.plan("joint", "ci") == [0, 1, 2]
     record = claims.reproduce("joint", "ci", tmp_path, work_dir=tmp_path / "work", progress=False)
+    assert measured_seeds == [0, 1, 2] and record["details"] == {"parts": 3}
+    # the whole 95 % interval of the values (x + seed) is at or above the bound 1.0: reproduced
+    assert mean_interval([1.0, 2.0, 3.0]).low >= 1.0
     assert record["values"] == [1.0, 2.0, 3.0] and record["verdict"] == claims.REPRODUCED
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from mtlflow.core import atomic
 from mtlflow.experiments import claims
+from mtlflow.experiments.claims.runners import run_toy_escape
 from mtlflow.metrics.intervals import difference_interval, format_estimate, mean_interval
 
 REPO = Path(__file__).resolve().parents[3]
@@ -16,7 +17,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 def _claim(rule: str, value: float | None, lower_is_better: bool = True, tolerance: float = 0.0) -> claims.Claim:
     return claims.Claim(key="t", paper="P", source="Table 1", statement="s", paper_text="x", paper_value=value,
-                        metric="m", rule=rule, lower_is_better=lower_is_better, runner=claims.run_toy_escape,
+                        metric="m", rule=rule, lower_is_better=lower_is_better, runner=run_toy_escape,
                         scales={}, tolerance=tolerance)
 
 

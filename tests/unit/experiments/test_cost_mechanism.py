@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mtlflow.core.errors import InvalidParameterError
 from mtlflow.experiments import claims
 from mtlflow.experiments import cost_mechanism as cm
 from mtlflow.teleport.objective import balance_weights
@@ -92,7 +93,8 @@ def _hand_losses(model, trainer, batch, overrides=None) -> torch.Tensor:
                 params[name].add_(eps)
     model.train()
     logits = model(inputs)
-    return torch.stack([(F.softplus(z.squeeze(-1)) - y * z.squeeze(-1)).mean() for z, y in zip(logits, targets)])
+    return torch.stack([(F.softplus(z.squeeze(-1)) - y * z.squeeze(-1)).mean()
+                        for z, y in zip(logits, targets, strict=True)])
 
 
 def test_recorded_quantities_match_a_recomputation():
@@ -164,7 +166,7 @@ def test_claim_is_registered_after_the_overhead_claim():
     assert keys[keys.index("cost-time-overhead") + 1] == "cost-mechanism"
     claim = claims.get("cost-mechanism")
     assert cm.config_from(claim.scales["ci"].config).events >= 1
-    with pytest.raises(claims.InvalidParameterError, match="unknown cost-mechanism settings"):
+    with pytest.raises(InvalidParameterError, match="unknown cost-mechanism settings"):
         cm.config_from({"epochs": 3})
-    with pytest.raises(claims.InvalidParameterError, match="events, horizon"):
+    with pytest.raises(InvalidParameterError, match="events, horizon"):
         cm.config_from({"events": 0})

@@ -39,7 +39,7 @@ def test_toy_losses_match_formulas(scale: float) -> None:
     expected = np.array([reference_losses(a, b, scale) for a, b in POINTS])
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12, atol=1e-12)
     # and one point at a time
-    for (a, b), row in zip(POINTS, expected):
+    for (a, b), row in zip(POINTS, expected, strict=True):
         np.testing.assert_allclose(toy_losses(torch.tensor([a, b], dtype=torch.float64), scale).numpy(), row,
                                    rtol=1e-12, atol=1e-12)
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import run_cli, stderr_lines
 from torch import nn
 
+from conftest import run_cli, stderr_lines
 from mtlflow import jobs
 from mtlflow import methods as method_registry
 from mtlflow.config.run import RunConfig
@@ -46,7 +46,7 @@ def small_problem(seed: int = 0) -> tuple[MultiTaskModel, StepProblem]:
     y = torch.randn(K, 6, 1, dtype=torch.float64)
 
     def losses_of(preds: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [((p - t) ** 2).mean() * (i + 1) for i, (p, t) in enumerate(zip(preds, y))]
+        return [((p - t) ** 2).mean() * (i + 1) for i, (p, t) in enumerate(zip(preds, y, strict=True))]
 
     def forward() -> ForwardPass:
         z = model.features(x)
@@ -84,8 +84,8 @@ def test_jacobian_backends_agree_and_heads_get_plain_gradients(backend: str) -> 
     forward, jac = jacobian_backend(backend).jacobian(problem)
     assert jac.shape == (K, sum(p.numel() for p in problem.shared))
     torch.testing.assert_close(jac, expected_j, rtol=1e-10, atol=1e-12)
-    for got, want in zip(head_grads(problem), expected_heads):
-        for g, w in zip(got, want):
+    for got, want in zip(head_grads(problem), expected_heads, strict=True):
+        for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
     assert all(p.grad is None for p in problem.shared)  # the engine never touches the shared .grad
     assert all(not hasattr(p, "jac") for p in problem.shared)  # autojac's .jac is consumed
@@ -117,8 +117,8 @@ def test_weighted_backward_gives_shared_combination_and_plain_heads() -> None:
     backward_shared_weighted(forward.losses, weights, problem.shared)
     shared = torch.cat([p.grad.reshape(-1) for p in problem.shared])
     torch.testing.assert_close(shared, weights @ expected_j, rtol=1e-10, atol=1e-12)
-    for got, want in zip(head_grads(problem), expected_heads):
-        for g, w in zip(got, want):
+    for got, want in zip(head_grads(problem), expected_heads, strict=True):
+        for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
 
 
@@ -129,8 +129,8 @@ def test_representation_gradients_are_per_task_feature_gradients() -> None:
     forward = problem.forward()
     rep = representation_jacobian(forward, problem.task_params)
     torch.testing.assert_close(rep, expected_rep, rtol=1e-10, atol=1e-12)
-    for got, want in zip(head_grads(problem), expected_heads):
-        for g, w in zip(got, want):
+    for got, want in zip(head_grads(problem), expected_heads, strict=True):
+        for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
     assert all(p.grad is None for p in problem.shared)  # the trunk is not differentiated yet
 
@@ -333,7 +333,8 @@ def test_reuse_step_back_propagates_the_reused_weights(test_methods: Any, multim
     shared = torch.cat([p.grad.reshape(-1) for p in trainer.shared])
     torch.testing.assert_close(shared, 2 * w.to(jac) @ jac, rtol=1e-4, atol=1e-6)
     for i, loss in enumerate(forward.losses):
-        for p, g in zip(trainer.task_params[i], torch.autograd.grad(loss, trainer.task_params[i], retain_graph=True)):
+        grads = torch.autograd.grad(loss, trainer.task_params[i], retain_graph=True)
+        for p, g in zip(trainer.task_params[i], grads, strict=True):
             torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-6)
 
 

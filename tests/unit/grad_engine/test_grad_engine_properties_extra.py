@@ -43,7 +43,7 @@ def test_jacobian_with_retain_graph_keeps_it_for_another_backward(backend: str) 
     # a second differentiation of the same forward pass gives row 0 of J again
     again = torch.autograd.grad(forward.losses[0], problem.shared, allow_unused=True)
     row = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
-                     for g, p in zip(again, problem.shared)])
+                     for g, p in zip(again, problem.shared, strict=True)])
     torch.testing.assert_close(row, expected_j[0], rtol=1e-10, atol=1e-12)
 
 
@@ -77,8 +77,8 @@ def test_a_subset_of_the_trunk_as_shared_leaves_the_rest_of_the_trunk_alone(back
     forward = problem.forward()
     jac = jacobian_backend(backend).differentiate(forward, last, problem.task_params, retain_graph=False)
     torch.testing.assert_close(jac, full_j[:, columns:], rtol=1e-10, atol=1e-12)
-    for params, expected in zip(problem.task_params, head_grads):
-        for p, g in zip(params, expected):
+    for params, expected in zip(problem.task_params, head_grads, strict=True):
+        for p, g in zip(params, expected, strict=True):
             torch.testing.assert_close(p.grad, g, rtol=1e-10, atol=1e-12)
     assert all(p.grad is None and not hasattr(p, "jac") for p in others)
 
@@ -125,8 +125,8 @@ def test_task_jacobian_is_the_loop_backends_jacobian_with_the_heads_plain_gradie
     losses = problem.forward().losses
     torch.testing.assert_close(task_jacobian(losses, problem.shared, problem.task_params), expected_j,
                                rtol=1e-10, atol=1e-12)
-    for params, expected in zip(problem.task_params, head_grads):
-        for p, g in zip(params, expected):
+    for params, expected in zip(problem.task_params, head_grads, strict=True):
+        for p, g in zip(params, expected, strict=True):
             torch.testing.assert_close(p.grad, g, rtol=1e-10, atol=1e-12)
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):  # freed by default
         torch.autograd.grad(losses[0], problem.shared)

@@ -13,6 +13,7 @@ import pytest
 
 from mtlflow import jobs
 from mtlflow.jobs import report
+from mtlflow.jobs.compare.summary import Summary, from_json, to_json
 from mtlflow.metrics.intervals import BETTER, INDISTINGUISHABLE, mean_interval
 
 SPECS = {"cls": {"acc": {"higher_is_better": True, "unit_interval": True},
@@ -58,49 +59,49 @@ def summary():
 
 
 def test_every_metric_is_a_mean_with_the_interval_of_its_seeds(summary):
-    row = summary["methods"]["ls"]
-    assert row["intervals"]["cls"]["acc"] == mean_interval([0.80, 0.82, 0.78]).as_dict()
-    assert row["intervals"]["reg"]["mae"]["mean"] == pytest.approx(21.0)
-    low, high = row["intervals"]["reg"]["mae"]["low"], row["intervals"]["reg"]["mae"]["high"]
+    row = summary.methods["ls"]
+    assert row.intervals["cls"]["acc"] == mean_interval([0.80, 0.82, 0.78])
+    assert row.intervals["reg"]["mae"].mean == pytest.approx(21.0)
+    low, high = row.intervals["reg"]["mae"].low, row.intervals["reg"]["mae"].high
     assert 20.0 <= low < 21.0 < high <= 22.0
-    assert summary["references"]["intervals"]["cls"]["acc"] == mean_interval(REFS["cls"]).as_dict()
-    assert summary["references"]["metrics"]["reg"]["mae"] == pytest.approx(np.mean(REFS["reg"]))
+    assert summary.references.intervals["cls"]["acc"] == mean_interval(REFS["cls"])
+    assert summary.references.metrics["reg"]["mae"] == pytest.approx(np.mean(REFS["reg"]))
 
 
 def test_delta_m_and_the_per_task_delta_are_the_hand_formula_per_seed(summary):
     ref_acc, ref_mae = np.mean(REFS["cls"]), np.mean(REFS["reg"])
-    row = summary["methods"]["strong"]
+    row = summary.methods["strong"]
     per_task = {"cls": [-100 * (a - ref_acc) / ref_acc for a, _ in RUNS["strong"]],
                 "reg": [100 * (e - ref_mae) / ref_mae for _, e in RUNS["strong"]]}
     for task, values in per_task.items():
-        assert row["delta_task"][task]["mean"] == pytest.approx(np.mean(values))
+        assert row.delta_task[task].mean == pytest.approx(np.mean(values))
     # Δm% averages every non-loss metric of each task: here one per task
-    per_seed = [(c + r) / 2 for c, r in zip(per_task["cls"], per_task["reg"])]
-    assert row["delta_m_per_seed"] == pytest.approx(per_seed)
-    assert row["delta_m_interval"] == pytest.approx(mean_interval(per_seed).as_dict())
+    per_seed = [(c + r) / 2 for c, r in zip(per_task["cls"], per_task["reg"], strict=True)]
+    assert row.delta_m.per_seed == pytest.approx(per_seed)
+    assert to_json(row.delta_m.interval) == pytest.approx(mean_interval(per_seed).as_dict())
 
 
 def test_hypervolume_is_on_errors_scaled_by_each_tasks_reference_error(summary):
-    row = summary["methods"]["strong"]
+    row = summary.methods["strong"]
     expected = [(1 - (1 - a) / HV_SCALE["cls"]) * (1 - e / HV_SCALE["reg"]) for a, e in RUNS["strong"]]
-    assert row["hypervolume_per_seed"] == pytest.approx(expected)
-    assert row["hypervolume"] == pytest.approx(np.mean(expected))
-    assert summary["hypervolume_normalised"]["reference_point"] == [1.0, 1.0]
-    assert summary["hypervolume_normalised"]["scale"] == [1.0, 40.0]
+    assert row.hypervolume_per_seed == pytest.approx(expected)
+    assert row.hypervolume == pytest.approx(np.mean(expected))
+    assert summary.hypervolume_normalised.reference_point == (1.0, 1.0)
+    assert summary.hypervolume_normalised.scale == (1.0, 40.0)
 
 
 def test_comparisons_say_better_for_a_clear_gap_and_indistinguishable_for_noise(summary):
-    assert summary["best_method"] == "strong" and summary["best_by"] == "delta_m" and summary["baseline"] == "ls"
-    strong = summary["methods"]["strong"]["versus"]["ls"]
-    assert strong["delta_m"]["verdict"] == BETTER and strong["delta_m"]["probability_of_improvement"] == 1.0
-    assert strong["tasks"]["cls"]["verdict"] == BETTER and strong["tasks"]["reg"]["verdict"] == BETTER
-    noisy = summary["methods"]["noisy"]["versus"]["ls"]
-    assert noisy["delta_m"]["verdict"] == INDISTINGUISHABLE
-    assert noisy["delta_m"]["low"] < 0 < noisy["delta_m"]["high"]
+    assert summary.best_method == "strong" and summary.best_by == "delta_m" and summary.baseline == "ls"
+    strong = summary.methods["strong"].versus["ls"]
+    assert strong.delta_m.verdict == BETTER and strong.delta_m.probability_of_improvement == 1.0
+    assert strong.tasks["cls"].verdict == BETTER and strong.tasks["reg"].verdict == BETTER
+    noisy = summary.methods["noisy"].versus["ls"]
+    assert noisy.delta_m.verdict == INDISTINGUISHABLE
+    assert noisy.delta_m.low < 0 < noisy.delta_m.high
     # P(improvement) of noisy over ls on accuracy, counted by hand over the 9 seed pairs
     wins = sum((a > b) + 0.5 * (a == b) for a, _ in RUNS["noisy"] for b, _ in RUNS["ls"]) / 9
-    assert noisy["tasks"]["cls"]["probability_of_improvement"] == pytest.approx(wins)
-    assert "ls" not in summary["methods"]["ls"]["versus"] and "best" not in summary["methods"]["strong"]["versus"]
+    assert noisy.tasks["cls"].probability_of_improvement == pytest.approx(wins)
+    assert "ls" not in summary.methods["ls"].versus and "best" not in summary.methods["strong"].versus
 
 
 def test_the_pareto_set_at_95_percent_keeps_what_is_not_dominated_with_confidence():
@@ -109,16 +110,16 @@ def test_the_pareto_set_at_95_percent_keeps_what_is_not_dominated_with_confidenc
     runs += [fake_run("close", s, a, e) for s, (a, e) in enumerate([(0.91, 10.5), (0.88, 12.5), (0.89, 11.5)])]
     runs += [fake_run("far", s, a, e) for s, (a, e) in enumerate([(0.50, 30.0), (0.52, 31.0), (0.51, 29.0)])]
     result = jobs.summarise(runs, [], paper_references=False)
-    assert result["pareto_set"] == ["top"]
-    assert result["pareto_set_confident"] == ["close", "top"]
-    assert result["methods"]["far"]["pareto_confident"] is False
+    assert result.pareto_set == ("top",)
+    assert result.pareto_set_confident == ("close", "top")
+    assert result.methods["far"].pareto_confident is False
 
 
 def test_mean_rank_intervals_hold_the_ranks_of_separated_methods(summary):
-    assert summary["methods"]["strong"]["mean_rank"] == 1.0
-    assert summary["methods"]["strong"]["mean_rank_interval"] == [1.0, 1.0]
-    for row in summary["methods"].values():
-        low, high = row["mean_rank_interval"]
+    assert summary.methods["strong"].mean_rank.mean == 1.0
+    assert summary.methods["strong"].mean_rank.interval == (1.0, 1.0)
+    for row in summary.methods.values():
+        low, high = row.mean_rank.interval
         assert 1.0 <= low <= high <= 3.0
 
 
@@ -126,9 +127,9 @@ def test_one_seed_prints_no_interval_and_warns():
     result = jobs.summarise(all_runs(seeds=1), references(seeds=1), paper_references=False)
     table = report.markdown_table(result)
     assert "± 0.0000" not in table and "1 seed: no interval" in table
-    assert result["methods"]["strong"]["versus"]["ls"]["delta_m"]["verdict"] == "no interval"
-    assert any(w.startswith("fewer than 3 seeds") for w in result["warnings"])
-    assert any(w.startswith("single-task references with fewer than 3 seeds") for w in result["warnings"])
+    assert result.methods["strong"].versus["ls"].delta_m.verdict == "no interval"
+    assert any(w.startswith("fewer than 3 seeds") for w in result.warnings)
+    assert any(w.startswith("single-task references with fewer than 3 seeds") for w in result.warnings)
 
 
 def test_warnings_for_unconverged_runs_and_degenerate_references():
@@ -137,9 +138,9 @@ def test_warnings_for_unconverged_runs_and_degenerate_references():
     refs = [fake_run("ls", s, 1.0, 0.0, tasks=("cls",)) for s in range(3)]  # a perfect single-task accuracy
     refs += [fake_run("ls", s, 0.0, e, tasks=("reg",)) for s, e in enumerate(REFS["reg"])]
     result = jobs.summarise(runs, refs, paper_references=False)
-    assert any(w.startswith("not converged: train longer") and "ls (1 of 3 runs)" in w for w in result["warnings"])
-    assert any("degenerate single-task reference for cls: acc = 1" in w for w in result["warnings"])
-    assert not any("fewer than" in w for w in result["warnings"])
+    assert any(w.startswith("not converged: train longer") and "ls (1 of 3 runs)" in w for w in result.warnings)
+    assert any("degenerate single-task reference for cls: acc = 1" in w for w in result.warnings)
+    assert not any("fewer than" in w for w in result.warnings)
 
 
 def test_a_test_split_too_small_for_the_interval_is_a_warning():
@@ -150,11 +151,11 @@ def test_a_test_split_too_small_for_the_interval_is_a_warning():
     p = np.mean([a for values in RUNS.values() for a, _ in values])
     half = 1.96 * np.sqrt(p * (1 - p) / 40)
     assert any(w.startswith("test split too small for the interval printed: cls has 40 test examples, so its acc "
-                            f"alone varies by about ±{half:.4f}") for w in result["warnings"])
+                            f"alone varies by about ±{half:.4f}") for w in result.warnings)
     # a large test split resolves the seed intervals: no warning
     for r in runs:
         r["metrics"]["split_sizes"] = {"test": 100_000}
-    assert not any("too small" in w for w in jobs.summarise(runs, references(), paper_references=False)["warnings"])
+    assert not any("too small" in w for w in jobs.summarise(runs, references(), paper_references=False).warnings)
 
 
 @pytest.mark.parametrize("name", ["evaluation.json", "test_evaluation.json"])  # the CLI's, the pipelines' train step's
@@ -168,7 +169,7 @@ def test_the_test_split_size_is_read_from_the_per_example_evaluation(tmp_path, n
     errors = np.array([0.0, 1.0, np.nan, 0.0] * 10)  # 30 labelled examples, 10 without a label
     write_examples(examples_path(tmp_path / name), {"cls": {"error": errors, "loss": errors}})
     result = jobs.summarise(runs, references(), paper_references=False)
-    assert any("cls has 30 test examples" in w for w in result["warnings"])
+    assert any("cls has 30 test examples" in w for w in result.warnings)
 
 
 class _Checker(HTMLParser):
@@ -201,7 +202,7 @@ def test_the_report_opens_with_the_verdict_and_is_self_contained_and_well_formed
     md = report.markdown_summary(summary)
     assert md.index("## Verdict") < md.index("## Results") and "strong against ls" in md
     assert "(target's units)" in md and "(0-1)" in md
-    hostile = report.html_report({**summary, "dataset": "<script>x</script>"}, png, png)
+    hostile = report.html_report(from_json(Summary, {**to_json(summary), "dataset": "<script>x</script>"}), png, png)
     assert "<script>" not in hostile and "&lt;script&gt;x&lt;/script&gt;" in hostile
 
 
@@ -214,14 +215,14 @@ def test_the_tables_carry_intervals_and_verdicts(summary):
     header, rows = report.csv_rows(summary)
     table = list(csv.reader(io.StringIO(report._markdown(header, rows).replace("|", ","))))
     assert table  # the CSV columns parse
-    strong = dict(zip(header, next(r for r in rows if r[0] == "strong")))
-    assert float(strong["delta_m%"]) == pytest.approx(summary["methods"]["strong"]["delta_m"])
-    assert float(strong["delta_m% low"]) == pytest.approx(summary["methods"]["strong"]["delta_m_interval"]["low"])
+    strong = dict(zip(header, next(r for r in rows if r[0] == "strong"), strict=True))
+    assert float(strong["delta_m%"]) == pytest.approx(summary.methods["strong"].delta_m.mean)
+    assert float(strong["delta_m% low"]) == pytest.approx(summary.methods["strong"].delta_m.interval.low)
     assert strong["vs ls verdict"] == BETTER and strong["pareto (95 %)"] == "yes"
 
 
 def test_one_colour_per_method_in_every_figure(summary, monkeypatch):
-    colours = report.method_colours(list(summary["methods"]))
+    colours = report.method_colours(list(summary.methods))
     figures = []
     monkeypatch.setattr(report, "_figure_png", lambda fig: figures.append(fig) or b"png")
     report.pareto_plot(summary)
@@ -260,7 +261,7 @@ def test_three_tasks_get_a_heat_map_of_the_per_task_delta(monkeypatch):
         heat, *fronts = figures[0].axes[:4]
         assert heat.get_images() and len(fronts) == 3  # the heat map and the 3 pairwise fronts
         values = heat.get_images()[0].get_array()
-        assert values[0, 1] == pytest.approx(result["methods"]["ls"]["delta_task"]["reg"]["mean"])
+        assert values[0, 1] == pytest.approx(result.methods["ls"].delta_task["reg"].mean)
     finally:
         del SPECS["aux"], HV_SCALE["aux"]
 
@@ -271,7 +272,7 @@ def test_the_kubeflow_metrics_carry_the_interval_bounds_and_the_verdicts(tmp_pat
     runs, refs = {r["dir"]: r for r in all_runs()}, {r["dir"]: r for r in references()}
     monkeypatch.setattr(jobs, "read_run", lambda d: {**runs, **refs}[str(d)])
 
-    def aggregate(run_dirs, out_dir, reference_dirs=(), method_set=None):
+    def aggregate(run_dirs, out_dir, reference_dirs=(), method_set=None, baseline_dirs=()):
         summary = jobs.summarise([runs[d] for d in run_dirs], [refs[d] for d in reference_dirs],
                                  method_set=method_set, paper_references=False)
         report.write_report(summary, [runs[d] for d in run_dirs], tmp_path / "results")
@@ -281,12 +282,12 @@ def test_the_kubeflow_metrics_carry_the_interval_bounds_and_the_verdicts(tmp_pat
     out = pipeline_steps.aggregate(list(runs), list(refs), ["ls", "noisy", "strong"], str(tmp_path / "results"),
                                    str(tmp_path / "r.html"), str(tmp_path / "s.md"))
     summary = jobs.summarise(list(runs.values()), list(refs.values()), paper_references=False)
-    strong = summary["methods"]["strong"]
+    strong = summary.methods["strong"]
     flat = out["metrics"]
-    assert flat["strong.delta_m_pct_low"] == strong["delta_m_interval"]["low"]
-    assert flat["strong.delta_m_pct_high"] == strong["delta_m_interval"]["high"]
-    assert flat["strong.hypervolume_low"] == strong["hypervolume_interval"]["low"]
-    assert flat["strong.cls.acc_low"] == strong["intervals"]["cls"]["acc"]["low"]
+    assert flat["strong.delta_m_pct_low"] == strong.delta_m.interval.low
+    assert flat["strong.delta_m_pct_high"] == strong.delta_m.interval.high
+    assert flat["strong.hypervolume_low"] == strong.hypervolume_interval.low
+    assert flat["strong.cls.acc_low"] == strong.intervals["cls"]["acc"].low
     assert flat["strong.prob_improvement_vs_ls"] == 1.0 and "ls.prob_improvement_vs_ls" not in flat
     assert out["metadata"]["verdicts_vs_ls"] == {"noisy": INDISTINGUISHABLE, "strong": BETTER}
     assert out["metadata"]["best_method"] == "strong" and out["metadata"]["pareto_set_confident"] == ["strong"]
@@ -297,8 +298,8 @@ def test_a_metric_undefined_for_one_seed_has_no_interval_and_sorts_last():
     next(r for r in runs if r["run"]["config"]["method"] == "noisy")["metrics"]["final"]["test"]["cls"]["acc"] = \
         float("nan")
     result = jobs.summarise(runs, references(), paper_references=False)
-    noisy = result["methods"]["noisy"]
-    assert np.isnan(noisy["intervals"]["cls"]["acc"]["mean"]) and noisy["intervals"]["cls"]["acc"]["low"] is None
-    assert noisy["versus"]["ls"]["tasks"]["cls"]["verdict"] == "no interval"
-    assert result["best_method"] == "strong"
+    noisy = result.methods["noisy"]
+    assert np.isnan(noisy.intervals["cls"]["acc"].mean) and noisy.intervals["cls"]["acc"].low is None
+    assert noisy.versus["ls"].tasks["cls"].verdict == "no interval"
+    assert result.best_method == "strong"
     assert [row[0] for row in report.table_rows(result)[1]] == ["strong", "ls", "noisy"]

@@ -5,6 +5,7 @@ real state (`mtlflow stage status`), which `dvc status` reports only as "always 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from pathlib import Path
@@ -12,9 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mtlflow import jobs
 from mtlflow.config.data import DataConfig
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.jobs import stages
+from mtlflow.jobs.compare.summary import DeltaM, MeanRank, Summary
+from mtlflow.metrics.intervals import Estimate
 
 ROOT = Path(__file__).resolve().parents[3]
 PROJECT_DATA_OPTIONS = yaml.safe_load((ROOT / "params.yaml").read_text())["data_options"]
@@ -114,16 +118,33 @@ def test_the_projects_params_yaml_lists_every_method_it_runs():
     assert set(params["method_hparams"]) >= {*params["methods"], params["dvc"]["experiment_method"]}
 
 
-def fake_summary(alpha: float) -> dict:
-    """The two fields of a summary row that the DVC metrics use, labelled as ``jobs.summarise`` labels them."""
+def fake_summary(alpha: float) -> Summary:
+    """A summary of fairgrad(alpha) and ls runs, labelled as ``jobs.summarise`` labels them, with the fields the DVC
+    metrics use set by hand."""
+    spec = {"acc": {"higher_is_better": True, "unit_interval": True}}
+    tasks = ("left", "right")
+
+    def run(method: str, seed: int, hparams: dict) -> dict:
+        final = {t: {"acc": 0.5} for t in tasks}
+        return {"dir": str(stages.RUNS / f"{method}-s{seed}"),
+                "run": {"benchmark": "multimnist", "data_hash": "h" * 64,
+                        "config": {"method": method, "seed": seed, "hparams": hparams}},
+                "metrics": {"tasks": list(tasks), "metric_specs": {t: spec for t in tasks},
+                            "primary_metrics": {t: "acc" for t in tasks}, "hv_reference": {t: 1.0 for t in tasks},
+                            "final": {"test": final}, "selection": {"rule": "last"},
+                            "epochs": [{"step_seconds_median": 0.01, "peak_memory_bytes": 1}]}}
+
+    runs = [run("fairgrad", 0, {"alpha": alpha}), run("fairgrad", 1, {"alpha": alpha}), run("ls", 1, {}), run("ls", 0, {})]
+    summary = jobs.summarise(runs, [], paper_references=False)
     label = f"fairgrad(alpha={alpha})"
-    return {"tasks": ["left", "right"], "methods": {
-        label: {"method": label, "runs": [str(stages.RUNS / "fairgrad-s0"), str(stages.RUNS / "fairgrad-s1")],
-                "delta_m": alpha, "mean_rank": 1.0, "hypervolume": 0.5, "primary_errors": [0.1, 0.2],
-                "pareto_optimal": True},
-        "ls": {"method": "ls", "runs": [str(stages.RUNS / "ls-s1"), str(stages.RUNS / "ls-s0")],
-               "delta_m": 0.0, "mean_rank": 2.0, "hypervolume": 0.4, "primary_errors": [0.2, 0.3],
-               "pareto_optimal": False}}}
+    by_hand = {label: (alpha, 1.0, 0.5, (0.1, 0.2), True), "ls": (0.0, 2.0, 0.4, (0.2, 0.3), False)}
+    rows = {}
+    for name, (delta_m, rank, hv, errors, pareto) in by_hand.items():
+        interval = Estimate(delta_m, None, None, 2)
+        rows[name] = dataclasses.replace(
+            summary.methods[name], delta_m=DeltaM(mean=delta_m, std=0.0, per_seed=(delta_m,) * 2, interval=interval),
+            mean_rank=MeanRank(mean=rank, interval=None), hypervolume=hv, primary_errors=errors, pareto_optimal=pareto)
+    return dataclasses.replace(summary, methods=rows)
 
 
 def test_metric_keys_are_method_names_whatever_the_hyper_parameters(project):

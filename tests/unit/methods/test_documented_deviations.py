@@ -74,7 +74,7 @@ def _documented_defaults(page: str, header: str) -> dict[str, object]:
         names = _names(cells[0].split(" ")[0] if cells[0].count("`") == 2 else cells[0])
         values = cells[1].split(", ") if len(names) > 1 else [cells[1]]
         assert len(values) == len(names), f"{page}: row {cells[0]!r} names {len(names)} options, {len(values)} values"
-        out.update({n: _documented_value(v) for n, v in zip(names, values)})
+        out.update({n: _documented_value(v) for n, v in zip(names, values, strict=True)})
     return out
 
 
@@ -129,7 +129,8 @@ def test_cost_option_table_names_real_options_and_its_values_are_the_resolved_de
     assert named - fields == set(), f"cost.md names options COST does not have: {named - fields}"
     assert named <= set(COST_TABLE) | {"passes"}, f"rows not transcribed in COST_TABLE: {named - set(COST_TABLE)}"
     for cells in rows:  # the table's values for the options the transcription gives as plain tokens
-        for name, value in zip(_names(cells[0]), re.findall(r"`([a-z-]+)`", cells[1])):
+        # a row naming several options may give plain-token values for its first ones only: zip pairs those
+        for name, value in zip(_names(cells[0]), re.findall(r"`([a-z-]+)`", cells[1]), strict=False):
             assert COST_TABLE[name][0] == value, (name, cells[1])
     for variant, column in (("paper", 0), ("released", 1)):
         resolved = CostOptions(variant=variant).resolved().as_dict()

@@ -16,7 +16,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from mtlflow import methods
-from mtlflow.methods import _numerics, excessmtl
+from mtlflow.core import numerics
+from mtlflow.methods import excessmtl
 
 K, P, STEPS = 5, 4000, 4
 
@@ -40,7 +41,7 @@ class FreshAllocations(TorchFunctionMode):
 def run_steps(method, steps: list[tuple[torch.Tensor, torch.Tensor]], monkeypatch) -> tuple[list[torch.Tensor], int]:
     """The directions of ``method`` on ``steps`` and the largest fresh tensor made after the first step (the
     work buffers limited to 500 columns, so that a K·P temporary cannot hide in a buffer's size)."""
-    monkeypatch.setattr(_numerics, "GRAMIAN_BLOCK", (K + 1) * 500)
+    monkeypatch.setattr(numerics, "GRAMIAN_BLOCK", (K + 1) * 500)
     monkeypatch.setattr(excessmtl, "BLOCK", K * 500)
     directions = [method.combine(*steps[0])]
     watch = FreshAllocations()
@@ -56,7 +57,7 @@ def random_steps(dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def assert_directions_close(directions: list[torch.Tensor], expected: list[torch.Tensor], dtype) -> None:
     tolerance = 1e-12 if dtype == torch.float64 else 2e-5
-    for got, want in zip(directions, expected):
+    for got, want in zip(directions, expected, strict=True):
         assert got.dtype == dtype
         torch.testing.assert_close(got.double(), want, rtol=tolerance, atol=tolerance * float(want.abs().max()))
 
@@ -126,7 +127,7 @@ def test_excessmtl_update_is_algorithm_1_in_float64_without_jacobian_sized_tempo
         if baseline is None:
             baseline = excess
         else:
-            raised = [w * math.exp(eta * e / e0) for w, e, e0 in zip(weights, excess, baseline)]
+            raised = [w * math.exp(eta * e / e0) for w, e, e0 in zip(weights, excess, baseline, strict=True)]
             weights = [r / sum(raised) for r in raised]
         expected.append(torch.tensor(weights, dtype=torch.float64) @ g)
     assert_directions_close(directions, expected, dtype)

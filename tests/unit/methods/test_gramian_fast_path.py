@@ -16,7 +16,7 @@ import torch
 from method_helpers import TensorWatch
 
 from mtlflow import methods
-from mtlflow.methods import _numerics
+from mtlflow.core import numerics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -47,13 +47,13 @@ class PathSpy:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
-        centred = _numerics._centred_gramian
+        centred = numerics._centred_gramian
 
         def counted(*args, **kwargs):
             self.calls += 1
             return centred(*args, **kwargs)
 
-        monkeypatch.setattr(_numerics, "_centred_gramian", counted)
+        monkeypatch.setattr(numerics, "_centred_gramian", counted)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -61,9 +61,9 @@ class PathSpy:
 def test_the_plain_product_is_taken_exactly_when_every_row_is_half_its_norm_from_the_mean(
         dtype: torch.dtype, shared: float, plain: bool, monkeypatch) -> None:
     j = spread_rows(int(shared * 10), 8, 3000, shared, dtype)
-    assert (smallest_spread(j) >= _numerics.PLAIN_GRAMIAN_SPREAD) == plain   # the rule, independently
+    assert (smallest_spread(j) >= numerics.PLAIN_GRAMIAN_SPREAD) == plain   # the rule, independently
     spy = PathSpy(monkeypatch)
-    g = _numerics.gramian_float64(j)
+    g = numerics.gramian_float64(j)
     assert spy.calls == (0 if plain else 1)
     assert g.dtype == torch.float64 and torch.equal(g, g.T)
     exact = exact_gramian(j)
@@ -79,13 +79,13 @@ def test_the_plain_product_is_taken_exactly_when_every_row_is_half_its_norm_from
 def test_the_plain_path_does_no_float64_work_on_the_jacobian_and_multiplies_at_full_float32_precision(
         monkeypatch) -> None:
     k = 6
-    monkeypatch.setattr(_numerics, "GRAMIAN_BLOCK", k * 1000)   # 1000 columns a block: 20 blocks
+    monkeypatch.setattr(numerics, "GRAMIAN_BLOCK", k * 1000)   # 1000 columns a block: 20 blocks
     j = spread_rows(0, k, 20_000, 0.5, torch.float32)
     spy, watch, previous = PathSpy(monkeypatch), TensorWatch(), torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("medium")
     try:
         with watch:
-            g = _numerics.gramian_float64(j)
+            g = numerics.gramian_float64(j)
     finally:
         torch.set_float32_matmul_precision(previous)
     assert spy.calls == 0
@@ -98,17 +98,17 @@ def test_a_zero_row_stays_on_the_plain_path_and_exactly_zero_but_a_row_whose_squ
     spy = PathSpy(monkeypatch)
     j = spread_rows(4, 5, 2000, 0.5, torch.float32)
     j[2] = 0.0
-    g = _numerics.gramian_float64(j).numpy()
+    g = numerics.gramian_float64(j).numpy()
     assert spy.calls == 0 and (g[2] == 0).all() and (g[:, 2] == 0).all()
     # entries of 1e-30: their float32 squares (1e-60) are 0, so the plain product sees a zero row
     j[2] = spread_rows(5, 1, 2000, 0.0, torch.float64)[0].float() * 1e-30
-    assert float((j[2] @ j[2])) == 0.0
-    g, exact = _numerics.gramian_float64(j).numpy(), exact_gramian(j)
+    assert float(j[2] @ j[2]) == 0.0
+    g, exact = numerics.gramian_float64(j).numpy(), exact_gramian(j)
     assert spy.calls == 1
     assert g[2, 2] == pytest.approx(exact[2, 2], rel=1e-6)
     # squares that are float32 subnormals (entries 1e-21: ‖g‖² ≈ 2e-39 < 2^-90) also fall back
     j[2] = j[2] * 1e9
-    g, exact = _numerics.gramian_float64(j).numpy(), exact_gramian(j)
+    g, exact = numerics.gramian_float64(j).numpy(), exact_gramian(j)
     assert spy.calls == 2 and g[2, 2] == pytest.approx(exact[2, 2], rel=1e-6)
 
 
@@ -116,7 +116,7 @@ def test_spread_out_rows_whose_plain_product_overflows_fall_back_to_the_scaled_p
     spy = PathSpy(monkeypatch)
     j = (spread_rows(6, 4, 500, 0.5, torch.float64) * 1e22).float()
     assert not torch.isfinite(j @ j.T).all()
-    g, exact = _numerics.gramian_float64(j).numpy(), exact_gramian(j)
+    g, exact = numerics.gramian_float64(j).numpy(), exact_gramian(j)
     assert spy.calls == 1
     np.testing.assert_allclose(g, exact, rtol=1e-6, atol=1e-6 * exact.diagonal().max())
 
@@ -129,10 +129,10 @@ def test_scaled_rows_are_judged_by_their_own_spread(monkeypatch) -> None:
     base = torch.randn(1, 4000, generator=gen, dtype=torch.float64)
     factors = torch.tensor([1.0, 1.0, 128.0], dtype=torch.float64)[:, None]
     j = (factors * (base + 1e-4 * torch.randn(3, 4000, generator=gen, dtype=torch.float64))).float()
-    assert smallest_spread(j) >= _numerics.PLAIN_GRAMIAN_SPREAD            # the raw rows pass the rule ...
+    assert smallest_spread(j) >= numerics.PLAIN_GRAMIAN_SPREAD            # the raw rows pass the rule ...
     scales = np.array([1.0, 1.0, 1.0 / 128.0])                             # (powers of two: exact in float32)
     assert smallest_spread(torch.from_numpy(scales[:, None]) * j.double()) < 1e-6   # ... the scaled ones not
-    g = _numerics.gramian_float64(j, torch.tensor(scales, dtype=torch.float32)).numpy()
+    g = numerics.gramian_float64(j, torch.tensor(scales, dtype=torch.float32)).numpy()
     assert spy.calls == 1
     exact = exact_gramian(j, scales)
     c = np.eye(3) - 1.0 / 3
@@ -140,7 +140,7 @@ def test_scaled_rows_are_judged_by_their_own_spread(monkeypatch) -> None:
 
     j = spread_rows(8, 4, 3000, 0.5, torch.float32)
     scales = np.array([0.5, 1.0, 2.0, 3.0])
-    g = _numerics.gramian_float64(j, torch.tensor(scales, dtype=torch.float32)).numpy()
+    g = numerics.gramian_float64(j, torch.tensor(scales, dtype=torch.float32)).numpy()
     assert spy.calls == 1
     exact = exact_gramian(j, scales)
     np.testing.assert_allclose(g, exact, rtol=1e-6, atol=1e-6 * exact.diagonal().max())
@@ -157,7 +157,7 @@ def test_one_blas_thread_limits_numpy_and_scipy_blas_inside_and_restores_them_af
     import scipy.linalg  # noqa: F401 -- scipy's own OpenBLAS
     from threadpoolctl import threadpool_limits
 
-    @_numerics.one_blas_thread
+    @numerics.one_blas_thread
     def inside() -> dict[str, int]:
         return blas_threads()
 

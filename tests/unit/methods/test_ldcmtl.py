@@ -220,7 +220,7 @@ def test_one_backward_pass_gives_model_and_router_the_bilevel_gradient(multimnis
     router_after = {k: v.clone() for k, v in method.router.state_dict().items()}
     monkeypatch.undo()
     expected = manual_gradients(trainer, batch, method, model_before, router_before)
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-7)
     assert any(not torch.equal(router_before[k], router_after[k]) for k in router_before)  # the router stepped
 
@@ -237,7 +237,7 @@ def test_double_loop_adds_only_the_router_correction(multimnist_small: Path, tmp
     double.train_step(batch, epoch=1)
     assert (counter.backward, counter.grad) == (1, 3)  # N inner gradient steps, then the one joint backward
     monkeypatch.undo()
-    for a, b in zip(single.model.parameters(), double.model.parameters()):
+    for a, b in zip(single.model.parameters(), double.model.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad)  # x's update is Alg. 1's
     # with z_N = x (β -> 0) the correction −λ∇_W g(W, z_N) cancels λ∇_W g(W, x): only ∇_W f is left
     logits = torch.zeros(2, requires_grad=True)
@@ -380,7 +380,7 @@ def test_mlp_router_restored_into_a_fresh_method_continues_exactly(dtype: torch.
     assert torch.equal(resumed.reference_losses, losses_at(0))
     router_step(original, features, losses_at(2), 2)
     router_step(resumed, features, losses_at(2), 2)
-    for (name, a), b in zip(original.router.state_dict().items(), resumed.router.state_dict().values()):
+    for (name, a), b in zip(original.router.state_dict().items(), resumed.router.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
 
 
@@ -515,7 +515,7 @@ def test_a_checkpoint_written_before_the_mlp_router_exists_restores_a_method_tha
     features, losses = torch.randn(4, 12, generator=torch.Generator().manual_seed(0)), torch.tensor([0.9, 0.3])
     router_step(fresh, features, losses, 0)
     router_step(resumed, features, losses, 0)
-    for (name, a), b in zip(fresh.router.state_dict().items(), resumed.router.state_dict().values()):
+    for (name, a), b in zip(fresh.router.state_dict().items(), resumed.router.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
 
 
@@ -623,7 +623,7 @@ def test_the_router_gradient_is_averaged_over_ranks_under_a_process_group(tmp_pa
         router_step(grouped, features, losses, 0)
     finally:
         dist.destroy_process_group()
-    for (name, a), b in zip(plain.router.state_dict().items(), grouped.router.state_dict().values()):
+    for (name, a), b in zip(plain.router.state_dict().items(), grouped.router.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
 
 
@@ -706,7 +706,7 @@ def test_the_double_loop_steps_the_used_parameters_and_keeps_one_no_loss_reaches
     method.setup(trainer)
 
     def losses_of(m: torch.nn.Module) -> torch.Tensor:
-        return torch.stack([mse(p, t) for p, t in zip(m(x), targets)])
+        return torch.stack([mse(p, t) for p, t in zip(m(x), targets, strict=True)])
 
     with torch.no_grad():
         start = losses_of(model)

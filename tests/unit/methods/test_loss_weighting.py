@@ -43,7 +43,7 @@ def test_si_is_invariant_to_loss_scale_and_uses_lower_bounds() -> None:
 
     def shared_grad(scales: list[float]) -> torch.Tensor:
         preds = model(x)
-        losses = torch.stack([s * (p**2).mean() for s, p in zip(scales, preds)])
+        losses = torch.stack([s * (p**2).mean() for s, p in zip(scales, preds, strict=True)])
         grads = torch.autograd.grad(si.objective(losses), model.shared_parameters())
         return torch.cat([g.reshape(-1) for g in grads])
 
@@ -248,7 +248,8 @@ def test_gradnorm_moves_weighted_gradient_norms_to_target_ratios(k: int, speeds:
     def step(scales: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
         preds = model(x)
         # task i has its own loss scale; L_i(t) / L_i(0) = scales[i] after the first step
-        losses = torch.stack([s * (1.0 + i) * (p**2).mean() for i, (s, p) in enumerate(zip(scales, preds))])
+        losses = torch.stack([s * (1.0 + i) * (p**2).mean()
+                              for i, (s, p) in enumerate(zip(scales, preds, strict=True))])
         optimizer.zero_grad()
         gn.objective(losses)
         optimizer.step()

@@ -11,7 +11,6 @@ from torch import nn
 from mtlflow import methods
 from mtlflow.models.base import MultiTaskModel
 
-
 # -- RLW ------------------------------------------------------------------------------------------
 
 def test_rlw_weights_are_the_softmax_of_float64_normal_logits() -> None:

@@ -22,9 +22,10 @@ from mtlflow.config.run import RunConfig
 from mtlflow.core.callbacks import Callback
 from mtlflow.core.errors import InvalidParameterError, NonFiniteLossError, NonFiniteValueError, SolverError
 from mtlflow.engine.trainer import Trainer
+from mtlflow.methods import forum as forum_module
 from mtlflow.methods._moblo import (
-    FunctionalModel,
     BilevelState,
+    FunctionalModel,
     SampleWeights,
     SplitSampler,
     TaskWeights,
@@ -32,7 +33,6 @@ from mtlflow.methods._moblo import (
     build_upper_level,
     common_hparams,
 )
-from mtlflow.methods import forum as forum_module
 from mtlflow.methods.forum import FORUM, forum_nu, forum_qp
 from mtlflow.methods.moml import unrolled_hypergradients
 
@@ -327,7 +327,8 @@ def test_sample_weights_lower_objective_is_the_sigmoid_weighted_mean_per_task_su
         return math.log(sum(math.exp(v) for v in row)) - row[label]
 
     expected = sum(sum(1 / (1 + math.exp(-float(variable[i, j]))) * cross_entropy(preds[i][n].tolist(), int(y))
-                       for n, (y, j) in enumerate(zip(labels[i], ids[i]))) / len(labels[i]) for i in range(2))
+                       for n, (y, j) in enumerate(zip(labels[i], ids[i], strict=True))) / len(labels[i])
+                   for i in range(2))
     assert float(value) == pytest.approx(expected, rel=1e-12)
 
 
@@ -468,13 +469,13 @@ def test_forum_constraint_gradient_in_alpha_is_the_loss_drop_of_the_inner_steps(
     def losses() -> torch.Tensor:
         preds = twin(inputs)
         return torch.stack([task.loss(pred, targets[idx])
-                            for task, pred, idx in zip(trainer.tasks, preds, trainer.task_index)])
+                            for task, pred, idx in zip(trainer.tasks, preds, trainer.task_index, strict=True)])
 
     before = losses()
     params = [p for p in twin.parameters() if p.requires_grad]
     grads = torch.autograd.grad((0.5 * before).sum(), params)
     with torch.no_grad():
-        for p, g in zip(params, grads):
+        for p, g in zip(params, grads, strict=True):
             p.sub_(inner_lr * g)
         after = losses()
     trainer.train_step(batch, 1)
@@ -520,7 +521,7 @@ def test_moml_with_its_task_weights_still_uniform_steps_the_model_as_linear_scal
     batch = next(iter(moml._loader(1)))
     moml.train_step(batch, 1)
     ls.train_step(batch, 1)
-    for (key, a), b in zip(moml.model.state_dict().items(), ls.model.state_dict().values()):
+    for (key, a), b in zip(moml.model.state_dict().items(), ls.model.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=key)
 
 
@@ -621,7 +622,7 @@ def test_forum_steps_the_model_along_eq_3_26_and_hands_nu_times_q_alpha_to_the_u
     def task_losses(some_batch) -> torch.Tensor:
         inputs, targets = bench.unpack(some_batch)
         return torch.stack([task.loss(pred, targets[idx])
-                            for task, pred, idx in zip(trainer.tasks, twin(inputs), trainer.task_index)])
+                            for task, pred, idx in zip(trainer.tasks, twin(inputs), trainer.task_index, strict=True)])
 
     def flat(tensors) -> torch.Tensor:
         return torch.cat([t.reshape(-1) for t in tensors]).to(torch.float64)
@@ -737,7 +738,7 @@ def test_the_functional_model_passes_inputs_without_to_through_and_moves_the_tar
                               bench=SimpleNamespace(unpack=lambda batch: batch))
     got_inputs, got_targets = FunctionalModel(trainer).inputs_targets((inputs, targets))
     assert got_inputs is inputs
-    assert len(got_targets) == 2 and all(torch.equal(a, b) for a, b in zip(got_targets, targets))
+    assert len(got_targets) == 2 and all(torch.equal(a, b) for a, b in zip(got_targets, targets, strict=True))
 
 
 def test_moml_hands_its_upper_solver_the_validation_losses(multimnist_small: Path, tmp_path: Path,
@@ -760,7 +761,8 @@ def test_moml_hands_its_upper_solver_the_validation_losses(multimnist_small: Pat
     inputs, targets = bench.unpack(upper_batches[0])
     with torch.no_grad():
         expected = torch.stack([task.loss(pred, targets[idx])
-                                for task, pred, idx in zip(trainer.tasks, twin(inputs), trainer.task_index)])
+                                for task, pred, idx in zip(trainer.tasks, twin(inputs), trainer.task_index,
+                                                           strict=True)])
     assert len(seen_losses) == 1
     torch.testing.assert_close(seen_losses[0], expected, rtol=1e-5, atol=1e-6)
 

@@ -109,7 +109,7 @@ def test_position_gradient_is_eq_5_11_and_matches_finite_differences() -> None:
     # finite differences of the loss through an accurate integration (positions sit on the RK4 grid)
     trunk, eps, expected = model.trunk, 1e-5, []
     z0 = trunk.backbone(x)
-    for i, head in enumerate(model.heads):
+    for head in model.heads:
         p = float(head.position().detach())
         ref = reference_states(trunk, x, [p - eps, p + eps])
         values = []

@@ -10,8 +10,18 @@ import pytest
 from scipy import stats
 
 from mtlflow.metrics import intervals
-from mtlflow.metrics.intervals import (BETTER, INDISTINGUISHABLE, NO_INTERVAL, WORSE, compare, difference_interval,
-                                       format_estimate, mean_interval, probability_of_improvement, verdict)
+from mtlflow.metrics.intervals import (
+    BETTER,
+    INDISTINGUISHABLE,
+    NO_INTERVAL,
+    WORSE,
+    compare,
+    difference_interval,
+    format_estimate,
+    mean_interval,
+    probability_of_improvement,
+    verdict,
+)
 
 
 def test_the_interval_of_a_constant_has_zero_width_at_the_constant():

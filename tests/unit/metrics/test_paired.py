@@ -116,7 +116,7 @@ def test_gate_keeps_a_champion_the_candidate_is_worse_than_on_one_task():
     cand = {"x": base["x"] - 0.5, "y": base["y"] + 0.1}  # much better on x, worse on y: the score improves
     decision = paired.gate(cand, base)
     assert decision.combined.verdict == "better" and decision.tasks["y"].verdict == "worse"
-    assert not decision.promote and "worse on task(s) y" in decision.reason
+    assert not decision.promote and "not shown non-inferior on task(s) y" in decision.reason
 
 
 def test_gate_needs_min_improvement_and_confidence():
@@ -125,7 +125,7 @@ def test_gate_needs_min_improvement_and_confidence():
     cand = {"x": base["x"] - 0.1}
     assert paired.gate(cand, base, min_improvement=0.1 - 1e-9).promote
     kept = paired.gate(cand, base, min_improvement=0.1 + 1e-9)
-    assert not kept.promote and "less than min_improvement" in kept.reason
+    assert not kept.promote and "below min_improvement" in kept.reason
     noisy = {"x": base["x"] + rng.normal(0, 0.5, 500)}
     assert not paired.gate(noisy, base).promote
     with pytest.raises(InvalidParameterError, match="min_improvement"):

@@ -7,8 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mtlflow.metrics.scoring import (confident_pareto_mask, hypervolume, mean_rank, mean_rank_interval,
-                                     normalised_hypervolume, task_delta)
+from mtlflow.metrics.scoring import (
+    confident_pareto_mask,
+    hypervolume,
+    mean_rank,
+    mean_rank_interval,
+    normalised_hypervolume,
+    task_delta,
+)
 
 
 def test_mean_rank_interval_matches_an_independent_stratified_resampling():

@@ -28,7 +28,8 @@ def test_normal_on_a_float64_benchmark_is_float64_and_trains(name: str, config: 
     loader = bench.make_loader(splits["train"], batch_size=2, shuffle=False, generator=torch.Generator().manual_seed(0))
     inputs, targets = bench.unpack(next(iter(loader)))
     outputs = model(inputs)
-    losses = torch.stack([task.loss(out, target) for task, out, target in zip(bench.tasks, outputs, targets)])
+    losses = torch.stack([task.loss(out, target)
+                          for task, out, target in zip(bench.tasks, outputs, targets, strict=True)])
     assert losses.dtype == torch.float64
     losses.sum().backward()
     assert all(p.grad is None or (p.grad.dtype == torch.float64 and torch.isfinite(p.grad).all())

@@ -80,7 +80,7 @@ def test_adapters_start_as_the_base_network_for_every_preference():
         adapters = PreferenceAdapters.inject(model, 2, 1, 5.0)
         for lam in ([1.0, 0.0], [0.0, 1.0], [0.5, 0.5]):
             with adapters.preference(lam):
-                assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(model(x), before))
+                assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(model(x), before, strict=True))
 
 
 def test_merged_state_dict_is_the_plain_network_of_that_preference():
@@ -97,7 +97,7 @@ def test_merged_state_dict_is_the_plain_network_of_that_preference():
         with torch.no_grad(), adapters.preference(lam):
             adapted = model(x)
             merged = plain(x)
-        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(adapted, merged))
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(adapted, merged, strict=True))
         assert not any("parametrizations" in k for k in plain.state_dict())
     with pytest.raises(InvalidParameterError, match="2 finite numbers"):
         adapters.merged_state_dict([0.5])

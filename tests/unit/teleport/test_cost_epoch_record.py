@@ -153,7 +153,7 @@ def test_checks_counts_and_teleports_follow_the_delay_the_check_period_and_the_c
     # gradients are asked for on the checked steps only; the buffers are kept before a step that may teleport
     checked = [False] * 7 + [True, False] * 3 + [True] + [True, False] * 3 + [True]
     may_teleport = [False] * 7 + [True, False, True, False, True, False, False] + [True, False] * 3 + [True]
-    assert asked == list(zip(checked, may_teleport))
+    assert asked == list(zip(checked, may_teleport, strict=True))
 
 
 def test_no_teleports_allowed_asks_for_no_gradients_and_a_step_without_gradients_counts_nothing(monkeypatch):

@@ -23,9 +23,8 @@ from mtlflow.core.callbacks import Callback, StepState
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.engine.trainer import Trainer
 from mtlflow.models.base import MultiTaskModel
-from mtlflow.teleport import adapters, callback
+from mtlflow.teleport import adapters, callback, objective
 from mtlflow.teleport.callback import CostTeleport
-from mtlflow.teleport import objective
 from mtlflow.teleport.objective import TeleportProblem, adapter_objective, optimise_adapter
 from mtlflow.teleport.options import CostOptions
 from mtlflow.teleport.triggers import gradient_stats
@@ -119,6 +118,22 @@ def test_a_teleport_that_does_not_move_changes_no_loss_in_float64(multimnist_sma
     assert event["loss_change_max_relative"] == 0.0
 
 
+def _first_conflicting_batch(trainer: Trainer, candidates: int = 16):
+    """The first of the epoch's batches whose two task gradients (w.r.t. the shared parameters, at the trainer's
+    current weights) have a negative cosine, so that the weak trigger fires on it: chosen by computing the
+    cosines, not pinned by position, since which images a batch holds follows the data's splits."""
+    model = copy.deepcopy(trainer.model)
+    shared = model.shared_parameters()
+    for batch in itertools.islice(trainer._loader(1), candidates):
+        inputs, targets = trainer.inputs_targets(batch)
+        losses = trainer.task_losses(model(inputs), targets)
+        grads = [torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, shared, retain_graph=True)])
+                 for loss in losses]
+        if _cosine(grads[0], grads[1]) < 0:
+            return batch
+    raise AssertionError(f"none of the first {candidates} batches has conflicting task gradients")
+
+
 def test_teleport_event_keys_and_values_match_the_gradients_and_the_optimizer(multimnist_small, tmp_path, monkeypatch):
     traces = []
     real = callback.optimise_adapter
@@ -126,7 +141,7 @@ def test_teleport_event_keys_and_values_match_the_gradients_and_the_optimizer(mu
     trainer = _trainer(multimnist_small, tmp_path, trigger="weak", radius=0.5, lr=5e-2)
     recorder = _Recorder()
     trainer.callbacks.append(recorder)
-    conflicting = next(itertools.islice(trainer._loader(1), 3, None))  # its task gradients have cos ≈ -0.53
+    conflicting = _first_conflicting_batch(trainer)
     theta_before = torch.cat([p.detach().reshape(-1) for p in trainer.shared]).clone()
     started = time.perf_counter()
     trainer.train_step(conflicting, 1)
@@ -155,12 +170,12 @@ def test_teleport_event_keys_and_values_match_the_gradients_and_the_optimizer(mu
     # the gradient norms at the redone step, per task and of the mean gradient
     names = list(event["losses_before"])
     assert event["grad_norms_after"].keys() == set(names)
-    for name, g in zip(names, after):
+    for name, g in zip(names, after, strict=True):
         assert math.isclose(event["grad_norms_after"][name], math.sqrt(float(g @ g)), rel_tol=1e-12)
     mean = after.mean(dim=0)
     assert math.isclose(event["mean_grad_norm_after"], math.sqrt(float(mean @ mean)), rel_tol=1e-12)
     # the tasks whose gradient at the redone step conflicts with the mean gradient
-    cosines = {name: _cosine(g, mean) for name, g in zip(names, after)}
+    cosines = {name: _cosine(g, mean) for name, g in zip(names, after, strict=True)}
     assert event["conflicting_after"] == sum(c < 0 for c in cosines.values())
     assert event["cosine_to_mean_after"] == pytest.approx(cosines, rel=1e-12)
     # the displacement relative to the trunk's norm before the teleport
@@ -326,7 +341,7 @@ def _tiny_model() -> MultiTaskModel:
 
 
 def _squared_errors(preds, targets):
-    return [((p - t) ** 2).mean() for p, t in zip(preds, targets)]
+    return [((p - t) ** 2).mean() for p, t in zip(preds, targets, strict=True)]
 
 
 def _teleport_problem(model: MultiTaskModel, data: list, options: dict | None = None, amp: str = "none"):
@@ -434,7 +449,7 @@ def test_the_teleports_extra_batches_are_a_shuffle_of_the_training_split_fixed_b
         return [batches.get(i)[0] for i in range(1, batches.n)]
 
     first = extra(seed=11, global_seed=0)
-    assert all(torch.equal(a, b) for a, b in zip(first, extra(seed=11, global_seed=1)))
+    assert all(torch.equal(a, b) for a, b in zip(first, extra(seed=11, global_seed=1), strict=True))
     assert not torch.equal(first[0], extra(seed=12, global_seed=0)[0])
     assert not torch.equal(first[0], ordered[0])
     # a shuffle: every training image once

@@ -7,9 +7,8 @@ import math
 
 import pytest
 import torch
-from torch import nn
-
 from cost_helpers import double_lenet_trainer
+from torch import nn
 
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.teleport.htr import apply_htr, htr_sigma, restart_moments, restore_htr
@@ -460,7 +459,7 @@ def test_oft_is_allowed_on_linear_trunks_and_merges_exactly():
         expected = adapted.model(x)
         assert not torch.allclose(expected[0], model(x)[0], atol=1e-4)
         merged = adapters.merge_and_unload(adapted)
-        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(expected, merged(x)))
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(expected, merged(x), strict=True))
     assert not [n for n, _ in merged.named_modules() if "oft_" in n]
 
 

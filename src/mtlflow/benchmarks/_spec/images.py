@@ -15,11 +15,13 @@ of the rows preparation fails.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
+from numpy.lib.format import open_memmap
 from torch import Tensor
 
 from mtlflow.benchmarks._spec.schema import DataSpec, ImageFeatures, location_of
@@ -60,8 +62,6 @@ def images_digest(spec: DataSpec, table: Any) -> str:
 def write_images(spec: DataSpec, table: Any, out_dir: Path) -> tuple[Any, int]:
     """Decode the rows' images into ``out_dir/images.npy``; return the table of the rows kept and how many
     rows were skipped (image missing or unreadable)."""
-    from numpy.lib.format import open_memmap
-
     folder = image_folder(spec)
     paths = image_paths(spec, table)
     size = spec.features.image.size

@@ -11,11 +11,15 @@ is commented where a guess was made, so the user can check it.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from mtlflow.benchmarks._spec.schema import SpecError, parse_spec
-from mtlflow.benchmarks._spec.tables import SPLITS, as_strings, first_non_number, is_numeric, number_share
+import yaml
+
+from mtlflow.benchmarks._spec.schema import Source, SpecError, parse_spec
+from mtlflow.benchmarks._spec.tables import SPLITS, as_strings, first_non_number, is_numeric, number_share, read_source
 
 #: text columns with more distinct values than this are left out (ids, free text), not one-hot encoded
 MAX_CATEGORIES = 50
@@ -35,12 +39,43 @@ def infer_spec(table_path: str | Path, tasks: Sequence[str], spec_path: str | Pa
     """The YAML text of a spec, to be written at ``spec_path``, for ``table_path`` whose label columns are
     ``tasks`` (the table is named relative to the spec's folder); ``images``: the folder of an image table's
     files, when it is not the table's folder or one of its subfolders."""
-    import os
-
-    import yaml
-
     path, spec_path = Path(table_path), Path(spec_path)
     table = _read(path)
+    _check_tasks(table, tasks, path)
+    entries, notes = _task_entries(table, tasks)
+    split_column = "split" if "split" in table.column_names and _is_split(table.column("split")) else None
+    smiles = next((c for c in table.column_names if c.lower() == "smiles" and c not in tasks), None)
+    image_column = None if smiles else _image_column(table, tasks)
+    source, image_note = _source(table, path, spec_path, smiles, image_column, images)
+    spec: dict[str, Any] = {
+        "name": _name_of(path),
+        "source": source,
+        "tasks": entries,
+        "split": {"column": split_column} if split_column else {"val": 0.1, "test": 0.2, "seed": 0},
+    }
+    # a molecule table's input is its SMILES column, an image table's its images: no feature columns
+    columns = _feature_columns(table, set(tasks) | {split_column}) if not smiles and image_column is None else None
+    if columns is not None:
+        spec["features"] = {"numeric": columns["numeric"], "categorical": columns["categorical"]}
+    parse_spec(spec)  # what is written must be valid (a SpecError, not a trace, if it is not)
+    header = ["# mtlflow task spec written by `mtlflow spec init`; check the guesses below, then run",
+              f"#   mtlflow pipeline run --local --param spec={spec_path}  (docs: guides/your-data)",
+              "# task kinds, read off the label columns:", *notes]
+    if smiles:
+        header.append(f"# molecules: every row's {smiles} becomes a graph, the model is the MPNN")
+    if image_note:
+        header.append(image_note)
+    if columns is not None and columns["left_out"]:
+        header.append(f"# left out (more than {MAX_CATEGORIES} distinct text values, e.g. ids): "
+                      f"{', '.join(columns['left_out'])}")
+    if columns is not None and columns["unclean"]:
+        header.append(f"# left out (numbers with cells that are not; clean the cells and list the column under "
+                      f"features.numeric): {', '.join(columns['unclean'])}")
+    return "\n".join(header) + "\n" + yaml.safe_dump(spec, sort_keys=False)
+
+
+def _check_tasks(table: Any, tasks: Sequence[str], path: Path) -> None:
+    """Refuse no ``--tasks``, a task that is not a column of the table, and a column named twice."""
     missing = [t for t in tasks if t not in table.column_names]
     if not tasks or missing:
         shown = ", ".join(table.column_names[:20])
@@ -49,6 +84,10 @@ def infer_spec(table_path: str | Path, tasks: Sequence[str], spec_path: str | Pa
     repeated = sorted({t for t in tasks if list(tasks).count(t) > 1})
     if repeated:
         raise SpecError(f"--tasks names {', '.join(repeated)} more than once; name each label column once")
+
+
+def _task_entries(table: Any, tasks: Sequence[str]) -> tuple[list[dict[str, str]], list[str]]:
+    """The spec's task entries and the header's note of each task's guessed kind."""
     entries, notes, names = [], [], set()
     for column_name in tasks:
         kind, why = _kind(table.column(column_name))
@@ -59,65 +98,48 @@ def infer_spec(table_path: str | Path, tasks: Sequence[str], spec_path: str | Pa
                        {"name": name, "column": column_name, "type": kind})
         notes.append(f"#   {name}: {kind} ({why})" if name == column_name else
                      f"#   {name} (column {column_name}): {kind} ({why})")
-    split_column = "split" if "split" in table.column_names and _is_split(table.column("split")) else None
-    smiles = next((c for c in table.column_names if c.lower() == "smiles" and c not in tasks), None)
-    image_column = None if smiles else _image_column(table, tasks)
-    used = set(tasks) | {split_column}
-    numeric, categorical, left_out, unclean = [], [], [], []
+    return entries, notes
+
+
+def _feature_columns(table: Any, used: set[str | None]) -> dict[str, list[str]]:
+    """The columns not in ``used`` sorted into ``numeric`` and ``categorical`` features, and those left out:
+    ``left_out`` (too many distinct text values) and ``unclean`` (numbers with a few bad cells, each named)."""
+    columns: dict[str, list[str]] = {"numeric": [], "categorical": [], "left_out": [], "unclean": []}
     for column_name in table.column_names:
-        # a molecule table's input is its SMILES column, an image table's its images
-        if column_name in used or smiles is not None or image_column is not None:
+        if column_name in used:
             continue
         values = table.column(column_name)
         if is_numeric(values):
-            numeric.append(column_name)
+            columns["numeric"].append(column_name)
         elif number_share(values) >= MIN_NUMBER_SHARE:
             # a numeric column with a few bad cells: neither a feature as it stands nor categories
             row, cell = first_non_number(values) or (0, "")
-            unclean.append(f"{column_name} (data row {row + 1} holds {cell!r})")
+            columns["unclean"].append(f"{column_name} (data row {row + 1} holds {cell!r})")
         elif len({v for v in as_strings(values) if v is not None}) <= MAX_CATEGORIES:
-            categorical.append(column_name)
+            columns["categorical"].append(column_name)
         else:
-            left_out.append(column_name)
+            columns["left_out"].append(column_name)
+    return columns
+
+
+def _source(table: Any, path: Path, spec_path: Path, smiles: str | None, image_column: str | None,
+            images: str | Path | None) -> tuple[dict[str, Any], str]:
+    """The spec's ``source`` (paths relative to the spec's folder) and the header's note on the images ("" for
+    a table without an image column)."""
     source: dict[str, Any] = {"table": os.path.relpath(path.resolve(), spec_path.resolve().parent)}
     if smiles:
         source["smiles"] = smiles
-    image_note = ""
-    if image_column is not None:
-        folder, found, checked = _image_folder(table.column(image_column), path.parent, images, image_column)
-        source["images"] = os.path.relpath(folder.resolve(), spec_path.resolve().parent)
-        if image_column != "image":
-            source["image_column"] = image_column
-        image_note = (f"# images: column {image_column} names image files; {found} of the first {checked} are in "
-                      f"{source['images']} (the model is a ResNet-18; other columns are not used)")
-    spec: dict[str, Any] = {
-        "name": _name_of(path),
-        "source": source,
-        "tasks": entries,
-        "split": {"column": split_column} if split_column else {"val": 0.1, "test": 0.2, "seed": 0},
-    }
-    if not smiles and image_column is None:
-        spec["features"] = {"numeric": numeric, "categorical": categorical}
-    parse_spec(spec)  # what is written must be valid (a SpecError, not a trace, if it is not)
-    header = ["# mtlflow task spec written by `mtlflow spec init`; check the guesses below, then run",
-              f"#   mtlflow pipeline run --local --param spec={spec_path}  (docs: guides/your-data)",
-              "# task kinds, read off the label columns:", *notes]
-    if smiles:
-        header.append(f"# molecules: every row's {smiles} becomes a graph, the model is the MPNN")
-    if image_note:
-        header.append(image_note)
-    if left_out:
-        header.append(f"# left out (more than {MAX_CATEGORIES} distinct text values, e.g. ids): {', '.join(left_out)}")
-    if unclean:
-        header.append(f"# left out (numbers with cells that are not; clean the cells and list the column under "
-                      f"features.numeric): {', '.join(unclean)}")
-    return "\n".join(header) + "\n" + yaml.safe_dump(spec, sort_keys=False)
+    if image_column is None:
+        return source, ""
+    folder, found, checked = _image_folder(table.column(image_column), path.parent, images, image_column)
+    source["images"] = os.path.relpath(folder.resolve(), spec_path.resolve().parent)
+    if image_column != "image":
+        source["image_column"] = image_column
+    return source, (f"# images: column {image_column} names image files; {found} of the first {checked} are in "
+                    f"{source['images']} (the model is a ResNet-18; other columns are not used)")
 
 
 def _read(path: Path) -> Any:
-    from mtlflow.benchmarks._spec.schema import Source
-    from mtlflow.benchmarks._spec.tables import read_source
-
     if not path.is_file():
         raise SpecError(f"table not found: {path}; give the CSV or Parquet file of your data")
     # a spec with a placeholder task only to reuse the one table reader (formats, gzip, errors)

@@ -8,13 +8,26 @@ names the key path, the line of the spec file when there is one, and the fix (:c
 
 from __future__ import annotations
 
+import itertools
+import posixpath
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PrivateAttr, ValidationError, field_validator,
-                      model_validator)
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from mtlflow.core.atomic import parse_yaml, read_yaml
 from mtlflow.core.errors import InvalidParameterError
 from mtlflow.metrics.task_types import TASK_TYPES
 
@@ -198,7 +211,11 @@ class Split(_Strict):
                                                  "are not used)")
     val: float = Field(0.1, gt=0, lt=1, description="share of rows for validation")
     test: float = Field(0.2, gt=0, lt=1, description="share of rows for test")
-    seed: int = Field(0, ge=0, description="seed of the random split")
+    seed: int = Field(0, ge=0, description="salt of the rows' hashes that decide the split (each row keeps its split "
+                                           "when rows are added: mtlflow.benchmarks.row_hashes)")
+    key: str | None = Field(None, description="a column identifying each row (e.g. an id): its value decides the "
+                                              "row's split, so a row keeps its split when its other cells change "
+                                              "(default: the row's cells)")
     stratify: str | None = Field(None, description="a binary or multiclass task whose class shares every split "
                                                    "keeps")
     group: str | None = Field(None, description="a column whose rows stay together in one split (e.g. a customer "
@@ -210,8 +227,10 @@ class Split(_Strict):
             raise ValueError(f"val + test = {self.val + self.test:g} leaves no training rows; make it below 1")
         if self.stratify is not None and self.group is not None:
             raise ValueError("stratify and group cannot be combined; choose one")
-        if self.column is not None and (self.stratify is not None or self.group is not None):
-            raise ValueError("a split column fixes the split; stratify/group apply to random splits only")
+        if self.column is not None and (self.stratify is not None or self.group is not None or self.key is not None):
+            raise ValueError("a split column fixes the split; stratify/group/key apply to hashed splits only")
+        if self.key is not None and self.group is not None:
+            raise ValueError("key and group both name what decides a row's split; choose one")
         return self
 
 
@@ -238,7 +257,7 @@ class ModelSpec(_Strict):
             raise ValueError("hidden widths must be positive integers")
         if max(value) > MAX_HIDDEN_WIDTH:
             raise ValueError(f"hidden width {max(value)} is above the largest, {MAX_HIDDEN_WIDTH}; give smaller widths")
-        weights = sum(a * b for a, b in zip(value, value[1:]))
+        weights = sum(a * b for a, b in itertools.pairwise(value))
         if weights > MAX_HIDDEN_WEIGHTS:
             raise ValueError(f"hidden widths {value} make {weights:.3g} weights between the hidden layers, above the "
                              f"budget of {MAX_HIDDEN_WEIGHTS:.0e}; give fewer or narrower layers")
@@ -255,6 +274,15 @@ class ModelSpec(_Strict):
         return self
 
 
+class Comparison(_Strict):
+    """How the sweep's report compares methods (mtlflow.jobs.compare.headline)."""
+
+    delta_m_metrics: Literal["primary", "all"] = Field(
+        "primary", description="the metrics of each task that Δm% and the mean rank average: primary (each task's "
+                               "primary metric; the others are shown, not averaged in) or all (every metric but the "
+                               "loss)")
+
+
 class DataSpec(_Strict):
     """A multi-task problem on the user's own data."""
 
@@ -266,6 +294,8 @@ class DataSpec(_Strict):
     model: ModelSpec = Field(default_factory=ModelSpec)
     train: dict[str, Any] = Field(default_factory=dict, description="training defaults of this data set (any "
                                                                     "`mtlflow train` option: epochs, lr, batch_size)")
+    comparison: Comparison = Field(default_factory=Comparison, description="how the report compares methods: "
+                                                                          "{delta_m_metrics: primary | all}")
     #: where the spec was read from, for the errors found later in the data
     _location: SpecLocation | None = PrivateAttr(None)
 
@@ -356,8 +386,6 @@ def format_key_path(path: Sequence[str | int]) -> str:
 
 def yaml_key_lines(text: str) -> dict[KeyPath, int]:
     """The 1-based line of every key path of a YAML document (a value's line, or its key's for mappings)."""
-    import yaml
-
     lines: dict[KeyPath, int] = {}
 
     def walk(node: Any, path: KeyPath) -> None:
@@ -419,7 +447,6 @@ def spec_file_location(value: str) -> SpecFile | None:
     or None for a path or URI."""
     if not value.lstrip().startswith("{"):
         return None
-    import yaml
 
     try:
         values = yaml.safe_load(value)
@@ -436,10 +463,6 @@ def read_spec(path: str | Path, rev: str | None = None) -> DataSpec:
     repository (:func:`spec_file_location`) at its revision, or at ``rev`` when given. A relative
     ``source.table`` is relative to the spec file's folder (in a repository: a path of that repository at
     the same revision)."""
-    import posixpath
-
-    from mtlflow.core.atomic import parse_yaml, read_yaml
-
     name = str(path)
     in_repo = spec_file_location(name) if isinstance(path, str) else None
     if in_repo is not None:

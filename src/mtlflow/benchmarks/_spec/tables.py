@@ -204,7 +204,7 @@ def encode_task(table: Any, task: TaskEntry, index: int, where: SpecLocation) ->
     if task.type == "multilabel":
         paths = [base + ("columns", i) for i in range(len(task.label_columns))]
         values = np.stack([_binary(column(table, name, where, path), None, where, path, name)[0]
-                           for name, path in zip(task.label_columns, paths)], axis=1)
+                           for name, path in zip(task.label_columns, paths, strict=True)], axis=1)
         return EncodedTask(values, {"labels": task.label_columns})
     name = task.label_columns[0]
     path = base + (("column",) if task.column else ("name",))
@@ -292,59 +292,12 @@ def _class_key(text: str) -> tuple[int, float, str]:
         return (1, 0.0, text)
 
 
-# -- split -------------------------------------------------------------------------------------------
-def split_codes(spec: DataSpec, table: Any, labels: dict[str, EncodedTask]) -> np.ndarray:
-    """0 / 1 / 2 (train / val / test) per row."""
-    where, split, n = location_of(spec), spec.split, table.num_rows
-    if split.column is not None:
-        names = as_strings(column(table, split.column, where, ("split", "column")))
-        codes = np.full(n, -1, dtype=np.int8)
-        for code, value in enumerate(SPLITS):
-            codes[names == value] = code
-        if (codes < 0).any():
-            found = sorted({str(v) for v in names[codes < 0]})[:5]
-            raise where.error(("split", "column"), f"split column {split.column!r} holds {found}, not only train / val "
-                                                   "/ test; fix the values")
-    else:
-        rng = np.random.default_rng(split.seed)
-        shares = (1 - split.val - split.test, split.val, split.test)
-        if split.group is not None:
-            groups = as_strings(column(table, split.group, where, ("split", "group")))
-            _, group_of_row = np.unique(np.where(groups == None, "", groups).astype(str), return_inverse=True)  # noqa: E711
-            group_codes = _allocate(rng.permutation(group_of_row.max() + 1), shares)
-            codes = group_codes[group_of_row]
-        elif split.stratify is not None:
-            strata = labels[split.stratify].values
-            codes = np.empty(n, dtype=np.int8)
-            for stratum in np.unique(np.nan_to_num(strata.astype(np.float64), nan=-1.0)):
-                rows = np.flatnonzero(np.nan_to_num(strata.astype(np.float64), nan=-1.0) == stratum)
-                codes[rows] = _allocate(rng.permutation(len(rows)), shares)
-        else:
-            codes = _allocate(rng.permutation(n), shares)
-    for code, name in enumerate(SPLITS):
-        if not (codes == code).any():
-            raise where.error(("split",), f"the {name} split has no rows ({n} rows in all); change the split so that "
-                                          "every split gets rows")
-    return codes
-
-
-def _allocate(order: np.ndarray, shares: tuple[float, float, float]) -> np.ndarray:
-    """Split codes for items in ``order``: the first share of positions test, then val, the rest train
-    (rounded per item count, so small groups still get every split when they can)."""
-    n = len(order)
-    n_test = int(round(shares[2] * n))
-    n_val = int(round(shares[1] * n))
-    codes = np.zeros(n, dtype=np.int8)
-    codes[order[:n_test]] = 2
-    codes[order[n_test:n_test + n_val]] = 1
-    return codes
-
-
 # -- features ----------------------------------------------------------------------------------------
 def feature_columns(spec: DataSpec, table: Any) -> tuple[list[str], list[str]]:
     """The numeric and categorical input columns (numeric by default: every other numeric column)."""
     where, features = location_of(spec), spec.features
-    used = {c for t in spec.tasks for c in t.label_columns} | {spec.split.column, spec.split.group, spec.source.smiles}
+    used = ({c for t in spec.tasks for c in t.label_columns}
+            | {spec.split.column, spec.split.group, spec.split.key, spec.source.smiles})
     for i, name in enumerate(features.categorical):
         column(table, name, where, ("features", "categorical", i))
     if features.numeric is None:
@@ -361,8 +314,8 @@ def feature_columns(spec: DataSpec, table: Any) -> tuple[list[str], list[str]]:
                                                              "features.categorical")
     clash = sorted(used & (set(numeric) | set(features.categorical)))
     if clash:
-        raise where.error(("features",), f"column(s) {clash} are labels, split or group columns and cannot be features "
-                                         "too; remove them from features")
+        raise where.error(("features",), f"column(s) {clash} are labels, split, group or key columns and cannot be "
+                                         "features too; remove them from features")
     if spec.modality == "table" and not numeric and not features.categorical:
         raise where.error(("features",), "the table has no feature column; list features.numeric or "
                                          "features.categorical")

@@ -14,10 +14,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from mtlflow.core.callbacks import Callback, TrainerView
 from mtlflow.core.errors import NonFiniteLossError
+from mtlflow.engine.rundir import run_label
 from mtlflow.ops.observability import catalog
 from mtlflow.ops.observability.prometheus import (
     DEFAULT_PUSH_TIMEOUT,
@@ -38,8 +40,6 @@ CLI_PIPELINE = "cli"
 def run_identity(trainer: TrainerView, pipeline: str, run: str = "") -> dict[str, str]:
     """The identity labels of a training run, also its Pushgateway grouping key; ``run`` (default: the
     run directory's name) keeps concurrent runs of the same method and seed apart."""
-    from mtlflow.engine.rundir import run_label
-
     tasks = [t.name for t in trainer.tasks]
     return {"pipeline": pipeline or CLI_PIPELINE, "benchmark": trainer.bench.label,
             "method": run_label({"config": dataclasses.asdict(trainer.config)}),

@@ -24,8 +24,8 @@ import json
 import logging
 import time
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from mtlflow.ops.observability import catalog
 from mtlflow.ops.observability.prometheus import DEFAULT_PUSH_TIMEOUT

@@ -13,8 +13,9 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, TextIO
+from typing import Any, TextIO
 
 OUTPUT_FILE = "executor_output.json"
 
@@ -25,14 +26,20 @@ def format_seconds(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-def expected_tasks(pipeline: str, params: Mapping[str, Any], n_tasks: int) -> int:
-    """Tasks a local run of ``pipeline`` executes, exit handler included (``n_tasks``: benchmark tasks)."""
+def expected_tasks(pipeline: str, params: Mapping[str, Any], n_tasks: int, baseline_kinds: int = 1) -> int:
+    """Tasks a local run of ``pipeline`` executes, exit handler included (``n_tasks``: benchmark tasks;
+    ``baseline_kinds``: the baselines the sweep plans, 3 for a table, else 1)."""
     if pipeline == "benchmark_sweep":
         runs = len(params.get("methods") or []) * len(params.get("seeds") or [])
         references = n_tasks * len(params.get("reference_seeds") or [])
-        # prepare_data, plan_runs, plan_references; train + evaluate per run; train per reference;
-        # aggregate; record_status
-        return 3 + 2 * runs + references + 2
+        # prepare_data, plan_runs, plan_references, plan_baselines; train + evaluate per run; train per reference;
+        # one fit per baseline kind; aggregate; record_status
+        return 4 + 2 * runs + references + baseline_kinds + 2
+    if pipeline == "tuned_sweep":  # kfp.local runs the optuna branch only
+        methods = len(dict.fromkeys(["ls", *(params.get("methods") or [])]))
+        tasks = len(params.get("tasks") or []) or n_tasks
+        # prepare_data, tuning_arguments, plan_tuning; one tune_study per study; compare_tuned; record_status
+        return 3 + methods + (tasks if tasks > 1 else 0) + 2
     # retrain: prepare_data, plan_run, train, evaluate, compare, promote (only when better), record_status
     return 7
 
@@ -83,7 +90,7 @@ class PipelineProgress:
         while not self._stop.wait(self.interval):
             self.poll()
 
-    def __enter__(self) -> "PipelineProgress":
+    def __enter__(self) -> PipelineProgress:
         self._since, self.started = time.time(), self.clock()
         self._thread = threading.Thread(target=self._watch, name="mtlflow-pipeline-progress", daemon=True)
         self._thread.start()

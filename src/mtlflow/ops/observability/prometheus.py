@@ -16,7 +16,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from mtlflow.config.pipeline import check_gateway_address
 from mtlflow.core.errors import InvalidParameterError

@@ -1,4 +1,5 @@
-"""Numerics of the small K x K problems that Gramian-based methods solve (not a method module).
+"""Numerics of the small K x K problems that Gramian-based methods solve, shared by the methods and the
+engine (the trainer's BLAS threads, the distributed Gramian).
 
 One rule for every solver method: the K x K problem is assembled and solved in float64, whatever the
 training dtype.
@@ -234,7 +235,7 @@ def blas_on_one_thread() -> contextlib.AbstractContextManager:
 
 
 @functools.cache
-def _blas_controller() -> "ThreadpoolController":
+def _blas_controller() -> ThreadpoolController:
     # scipy ships its own OpenBLAS, loaded with scipy.linalg: load it before the controller lists the libraries
     import scipy.linalg  # noqa: F401
     from threadpoolctl import ThreadpoolController
