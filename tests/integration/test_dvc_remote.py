@@ -27,7 +27,7 @@ def test_push_wipe_pull_verify_train(multimnist_small, tmp_path, capsys):
     assert main(["data", "push", "--data", str(workspace), "--remote", str(remote)]) == 0
     pushed = json.loads(capsys.readouterr().out)
     version = pushed["dvc_hash"]
-    assert version == dvc_io.directory_md5(workspace) and pushed["nfiles"] == 4 and pushed["git_revision"]
+    assert version == dvc_io.directory_md5(workspace) and pushed["nfiles"] == 5 and pushed["git_revision"]
     content_hash = read_manifest(workspace)["content_hash"]
 
     # a first pull fills the cache; then the cache and every workspace copy are wiped

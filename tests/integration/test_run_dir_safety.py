@@ -328,7 +328,10 @@ def test_resume_without_a_checkpoint_is_announced(shared, tmp_path: Path) -> Non
     assert stderr_lines(proc) == [f"mtlflow: note: {tmp_path / 'new'} has no checkpoint to resume from; "
                                   "starting at epoch 1",
                                   "training: 1 epoch(s), 1000 optimizer steps, best validation epoch 1; not converged: "
-                                  "train longer (the validation score improved within the last 1 epoch(s))"]
+                                  "train longer (the validation score improved within the last 1 epoch(s)); "
+                                  "validation split too small to select epochs (1 rows, fewer than 100): its best "
+                                  "epoch and its convergence are noise; give the validation split more rows (a "
+                                  "spec's split:)"]
 
 
 def test_dvc_push_leaves_no_temporary_copies_in_the_remote(shared, tmp_path: Path) -> None:

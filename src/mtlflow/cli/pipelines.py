@@ -32,6 +32,10 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         print(f"compiled {name} pipeline to {path}")
         return 0
     params = runner.load_params(args.params_file, parse_assignments(args.param, "--param"))
+    if args.pipeline_command == "run":  # a bad --workdir is said before any parameter is checked, as before
+        from mtlflow.core.outputs import check_output_dir
+
+        check_output_dir(args.workdir, "--workdir")
     params, budget_note = pipeline_arguments(runner.canonical_name(args.pipeline), params)  # the one budget rule
     if budget_note:
         print(budget_note, file=sys.stderr)

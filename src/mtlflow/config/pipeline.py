@@ -251,7 +251,8 @@ def pipeline_arguments(pipeline: str, params: Mapping[str, Any]) -> tuple[dict[s
     if "epochs" in params or epochs != pipeline_defaults["epochs"]:
         resolved["epochs"] = params.get("epochs", epochs)
     pipeline_config(pipeline, resolved)
-    return resolved, note if "train_options" in params or options != defaults else ""
+    # the line is for a user who gave train_options: with epochs alone the documented rule needs no word
+    return resolved, note if params.get("train_options") else ""
 
 
 @dataclass

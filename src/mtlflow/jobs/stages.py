@@ -338,7 +338,7 @@ def pareto_points(params: DvcParams, summary: Summary) -> list[dict[str, Any]]:
     its primary-metric error on each task (``<task> error``, lower is better; the first two again under
     :data:`PARETO_AXES`, the axes of the report's Pareto plot) and whether no other method beats it on every
     task."""
-    return [{"method": method, "label": row.method, **dict(zip(PARETO_AXES, row.primary_errors, strict=True)),
+    return [{"method": method, "label": row.method, **dict(zip(PARETO_AXES, row.primary_errors, strict=False)),
              **{f"{task} error": error for task, error in zip(summary.tasks, row.primary_errors, strict=True)},
              "pareto_optimal": row.pareto_optimal}
             for method, row in sorted(rows_by_method(params, summary).items())]

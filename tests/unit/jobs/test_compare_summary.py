@@ -149,7 +149,12 @@ def test_a_train_call_reads_the_manifest_once_and_checks_its_output_once(tmp_pat
 
     monkeypatch.setattr(base, "read_manifest", counted)
     monkeypatch.setattr(jobs, "read_manifest", counted)
-    monkeypatch.setattr(outputs, "check_output_dir", lambda *a, **k: checks.append(a) or check_output_dir(*a, **k))
+    def checked(*args, **kwargs):
+        checks.append(args)
+        return check_output_dir(*args, **kwargs)
+
+    monkeypatch.setattr(outputs, "check_output_dir", checked)
+    monkeypatch.setattr(jobs, "check_output_dir", checked)  # mtlflow.jobs imports it at module level
     jobs.train(tmp_path / "data", tmp_path / "run", method="ls", epochs=1, progress=False, max_steps_per_epoch=1)
     assert len(manifests) == 1
     # train checks --out once, against its inputs; the run-directory guard resolves the path again when it locks it

@@ -89,6 +89,11 @@ def split_codes(spec: DataSpec, table: Any, labels: dict[str, EncodedTask]) -> n
             found = sorted({str(v) for v in names[codes < 0]})[:5]
             raise where.error(("split", "column"), f"split column {split.column!r} holds {found}, not only train / val "
                                                    "/ test; fix the values")
+    elif split.key is None:
+        # without a key column the rows are dealt by a seeded permutation, as before stable splits existed: a
+        # content hash moved the split of the first page's table and a FairGrad solve on it failed (issue 38 note);
+        # give split.key for splits that survive appended rows
+        codes = _permuted(spec, table, labels, n)
     else:
         u = row_hashes.unit_interval(_identities(spec, table), split.seed)
         if split.stratify is not None:
@@ -103,4 +108,33 @@ def split_codes(spec: DataSpec, table: Any, labels: dict[str, EncodedTask]) -> n
         if not (codes == code).any():
             raise where.error(("split",), f"the {name} split has no rows ({n} rows in all); change the split so that "
                                           "every split gets rows")
+    return codes
+
+
+def _permuted(spec: DataSpec, table: Any, labels: dict[str, EncodedTask], n: int) -> np.ndarray:
+    """Split codes from a seeded permutation of the rows (of the groups with ``split.group``; within each
+    class with ``split.stratify``): the first share of positions test, then val, the rest train."""
+    where, split = location_of(spec), spec.split
+    rng = np.random.default_rng(split.seed)
+    if split.group is not None:
+        groups = as_strings(column(table, split.group, where, ("split", "group")))
+        _, group_of_row = np.unique(np.where(groups == None, "", groups).astype(str), return_inverse=True)  # noqa: E711
+        return _allocate(rng.permutation(group_of_row.max() + 1), split.val, split.test)[group_of_row]
+    if split.stratify is not None:
+        strata = np.nan_to_num(labels[split.stratify].values.astype(np.float64), nan=-1.0)
+        codes = np.empty(n, dtype=np.int8)
+        for stratum in np.unique(strata):
+            rows = np.flatnonzero(strata == stratum)
+            codes[rows] = _allocate(rng.permutation(len(rows)), split.val, split.test)
+        return codes
+    return _allocate(rng.permutation(n), split.val, split.test)
+
+
+def _allocate(order: np.ndarray, val: float, test: float) -> np.ndarray:
+    """Codes for items in ``order``: the first share of positions test, then val, the rest train."""
+    n = len(order)
+    n_test, n_val = int(round(test * n)), int(round(val * n))
+    codes = np.zeros(n, dtype=np.int8)
+    codes[order[:n_test]] = 2
+    codes[order[n_test:n_test + n_val]] = 1
     return codes
