@@ -103,7 +103,10 @@ def test_the_retrain_config_refuses_an_unreachable_min_improvement():
 def _version(tmp_path, name: str, data: pd.DataFrame, seed: int):
     folder = tmp_path / name
     folder.mkdir()
-    spec = write(folder, {"tasks": TASKS, "features": {"numeric": ["age"]}, "split": {"seed": seed}}, data)
+    # a key column: the split that keeps a row where it was when rows are appended (split.key)
+    data = data.assign(id=[f"r{i}" for i in range(len(data))])
+    spec = write(folder, {"tasks": TASKS, "features": {"numeric": ["age"]}, "split": {"seed": seed, "key": "id"}},
+                 data)
     benchmarks.build("spec", spec=str(spec)).prepare(folder / "data")
     run = folder / "run"
     jobs.train(folder / "data", run, method="ls", epochs=1, batch_size=64, max_steps_per_epoch=2, progress=False)
