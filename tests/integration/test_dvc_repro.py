@@ -220,7 +220,9 @@ def test_the_first_page_spec_runs_unchanged_in_dvc_repro_and_a_new_table_version
     assert changed_stages(repo) == {}  # the table is not a dependency: the source stage reads it
     # ... and `mtlflow stage status` tells that it changed, before any repro
     status = run_cli("stage", "status", cwd=repo)
-    assert status.returncode == 0 and list(json.loads(status.stdout)) == ["source"], status.stderr
+    # (tuning/dvc.yaml's search, never run here, is listed as not yet run: left out of this check)
+    stages = [s for s in json.loads(status.stdout) if not s.startswith("tuning/")]
+    assert status.returncode == 0 and stages == ["source"], status.stderr
     assert "changed since dvc.lock (table_sha256)" in json.loads(status.stdout)["source"][0]
     assert stages_run(_dvc(repo, "repro", "--single-item", "source")) == {"source"}
     assert json.loads((repo / "data" / "source.json").read_text())["table_sha256"] != source["table_sha256"]
